@@ -1,0 +1,3 @@
+from autofuse.cli import main
+
+main()

@@ -1,0 +1,210 @@
+"""Build a plan with TVM: outline its groups, fuse each into one PrimFunc, schedule, compile.
+
+The partition is imposed the way FuseOps itself does it: every group becomes a
+private Relax function marked ``Primitive``; ``FuseTIR`` then merges each into a
+single PrimFunc (intermediates inside a group become local buffers, those between
+groups stay real tensors); each PrimFunc is scheduled by ``autofuse.schedule``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import relax, s_tir
+
+from autofuse.graph import Graph
+from autofuse.partition import Partition, canonical, violations
+from autofuse.plan import Plan, PlanError
+from autofuse.schedule import LoopNest, anchor_index, apply_cpu, apply_cuda, block_nests, resolve_knobs
+from autofuse.target import Target
+
+
+class BuildError(Exception):
+    """TVM failed to build a (legal) plan."""
+
+
+@dataclass
+class Fused:
+    """The outlined + FuseTIR'd module and, per group, its PrimFunc's name."""
+
+    mod: tvm.IRModule
+    kernels: list[str]
+
+
+def partition_of(graph: Graph, plan: Plan) -> Partition:
+    """The plan's groups as op indices, checked against the graph and the legality rules."""
+    idx = graph.index()
+    groups = []
+    for g in plan.groups:
+        unknown = [o for o in g if o not in idx]
+        if unknown:
+            raise PlanError(f"plan names op(s) {unknown} that {graph.name} does not have (ops: {', '.join(idx)})")
+        groups.append(tuple(sorted(idx[o] for o in g)))
+    part = canonical(groups)
+    problems = violations(graph.dag(), part)
+    if problems:
+        raise PlanError(f"illegal partition: {problems[0]}")
+    return part
+
+
+def outline(graph: Graph, partition: Partition) -> Fused:
+    """Impose ``partition`` on the graph: one Primitive function per group, then FuseTIR."""
+    main = graph.mod["main"]
+    calls = {op.name: b for op, b in zip(graph.ops, graph.bindings)}
+    op_names = [op.name for op in graph.ops]
+    group_of = {op_names[i]: gi for gi, g in enumerate(partition) for i in g}
+    consumers = graph.consumers()
+    order = _topo_groups(graph, partition, group_of)
+
+    # Every value a group reads from outside: main's params, other groups' outputs, and
+    # constants (FuseTIR wants constants as parameters of the Primitive function).
+    values: dict[str, relax.Expr] = {t.name: p for t, p in zip(graph.inputs, main.params)}
+    op_args: dict[str, list[str]] = {}
+    for op in graph.ops:
+        op_args[op.name] = list(op.args)
+        for key, a in zip(op.args, calls[op.name].value.args[1].fields):
+            if key.startswith("const:"):
+                values[key] = a
+
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in graph.mod.functions.items() if gv.name_hint != "main"}))
+    group_funcs: dict[int, tuple[relax.GlobalVar, list[str], list[str]]] = {}
+    for gi in order:
+        members = [op_names[i] for i in partition[gi]]
+        ext_inputs = list(dict.fromkeys(a for m in members for a in op_args[m] if group_of.get(a) != gi))
+        outputs = [m for m in members if m == graph.output or any(group_of[c] != gi for c in consumers[m])]
+        params = [relax.Var(f"p{k}", _ty_of(calls, values, n)) for k, n in enumerate(ext_inputs)]
+        env: dict[str, relax.Expr] = dict(zip(ext_inputs, params))
+        name = f"g{gi}_" + "_".join(calls[m].value.args[0].name_hint for m in members)[:60]
+        # a distinct attr per group stops BlockBuilder from merging structurally equal groups,
+        # which must stay separate kernels (they may get different schedules)
+        with bb.function(name, params, attrs={"Primitive": True, "autofuse.group": gi}, private=True):
+            with bb.dataflow():
+                for m in members:
+                    call = calls[m].value
+                    new = relax.call_tir(call.args[0], relax.Tuple([env[a] for a in op_args[m]]), out_ty=calls[m].var.ty)
+                    env[m] = bb.emit_output(new) if m in outputs else bb.emit(new)
+                ret = env[outputs[0]] if len(outputs) == 1 else relax.Tuple([env[o] for o in outputs])
+            gvar = bb.emit_func_output(ret)
+        group_funcs[gi] = (gvar, ext_inputs, outputs)
+
+    with bb.function("main", list(main.params), attrs=dict(main.attrs) if main.attrs else None):
+        with bb.dataflow():
+            env2: dict[str, relax.Expr] = dict(values)
+            for gi in order:
+                gvar, ext_inputs, outputs = group_funcs[gi]
+                call = relax.Call(gvar, [env2[n] for n in ext_inputs])
+                if len(outputs) == 1:
+                    env2[outputs[0]] = bb.emit_output(call) if outputs[0] == graph.output else bb.emit(call)
+                else:
+                    tup = bb.emit(call)
+                    for k, o in enumerate(outputs):
+                        item = relax.TupleGetItem(tup, k)
+                        env2[o] = bb.emit_output(item) if o == graph.output else bb.emit(item)
+            result = env2[graph.output]
+        bb.emit_func_output(result)
+    mod = bb.get()
+    mod = tvm.transform.Sequential([relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(mod)
+    kernels = _kernel_names(mod, order, group_funcs)
+    return Fused(mod, kernels)
+
+
+def _ty_of(calls: dict, values: dict[str, relax.Expr], name: str) -> Any:
+    return calls[name].var.ty if name in calls else values[name].ty
+
+
+def _topo_groups(graph: Graph, partition: Partition, group_of: dict[str, int]) -> list[int]:
+    deps: dict[int, set[int]] = {gi: set() for gi in range(len(partition))}
+    for op in graph.ops:
+        for a in op.args:
+            if a in group_of and group_of[a] != group_of[op.name]:
+                deps[group_of[op.name]].add(group_of[a])
+    order, done = [], set()
+    while len(order) < len(partition):
+        ready = [g for g in deps if g not in done and deps[g] <= done]
+        if not ready:
+            raise PlanError("the group graph has a cycle")
+        order.append(ready[0])
+        done.add(ready[0])
+    return order
+
+
+def _kernel_names(mod: tvm.IRModule, order: list[int], group_funcs: dict) -> list[str]:
+    """Name of the PrimFunc FuseTIR made for each group (indexed by group)."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    names_in_order = [
+        b.value.args[0].name_hint
+        for blk in mod["main"].body.blocks
+        for b in blk.bindings
+        if isinstance(b.value, relax.Call) and b.value.op.same_as(call_tir)
+    ]
+    if len(names_in_order) != len(order):
+        raise BuildError(f"FuseTIR produced {len(names_in_order)} kernels for {len(order)} groups")
+    kernels = [""] * len(order)
+    for gi, name in zip(order, names_in_order):
+        kernels[gi] = name
+    return kernels
+
+
+def group_anchor(graph: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest]:
+    """The anchor block of a group (index among the fused kernel's blocks) and its loop nest."""
+    nests = [n for i in group for n in _op_nests(graph, graph.ops[i].func)]
+    a = anchor_index(nests)
+    return a, nests[a][1]
+
+
+_NEST_CACHE: dict[tuple[int, str], list] = {}
+
+
+def _op_nests(graph: Graph, func: str) -> list:
+    key = (id(graph.mod), func)
+    if key not in _NEST_CACHE:
+        _NEST_CACHE[key] = block_nests(graph.mod[func])
+    return _NEST_CACHE[key]
+
+
+def schedule_module(graph: Graph, plan: Plan, target: Target) -> tvm.IRModule:
+    """Outline the plan's partition and schedule every kernel; returns the Relax module to compile."""
+    part = partition_of(graph, plan)
+    by_first = {tuple(sorted(graph.index()[o] for o in g)): s for g, s in zip(plan.groups, plan.schedules)}
+    fused = outline(graph, part)
+    if target.kind == "cuda":
+        return apply_cuda(fused.mod, target.tvm())
+    sch = s_tir.Schedule(fused.mod)
+    for gi, group in enumerate(part):
+        anchor, nest = group_anchor(graph, group)
+        knobs = resolve_knobs(nest, by_first[group])
+        apply_cpu(sch, fused.kernels[gi], anchor, knobs)
+    return sch.mod
+
+
+def compile_module(mod: tvm.IRModule, target: Target) -> tvm.runtime.Executable:
+    """tvm.compile, with TVM's failures turned into BuildError."""
+    try:
+        ex = tvm.compile(mod, target.tvm())
+    except Exception as e:
+        raise BuildError(f"TVM build failed: {_last_line(e)}") from None
+    if target.kind == "cuda" and not any(m.kind == "cuda" for m in _imports(ex)):
+        raise BuildError("the CUDA build has no device module: some kernel was left unscheduled")
+    return ex
+
+
+def build(graph: Graph, plan: Plan, target: Target) -> tvm.runtime.Executable:
+    """Plan -> scheduled module -> executable (a Relax VM executable)."""
+    return compile_module(schedule_module(graph, plan, target), target)
+
+
+def _imports(ex: Any) -> list:
+    """Every module imported (transitively) by the executable: host llvm, cuda, ..."""
+    found, todo = [], list(getattr(ex.mod, "imports", []))
+    while todo:
+        m = todo.pop()
+        found.append(m)
+        todo.extend(m.imports)
+    return found
+
+
+def _last_line(e: Exception) -> str:
+    lines = [l for l in str(e).strip().splitlines() if l.strip()]
+    return lines[-1][:300] if lines else type(e).__name__

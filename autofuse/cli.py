@@ -1,0 +1,229 @@
+"""The ``autofuse`` command line. Every command takes ``--json`` for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from autofuse import __version__
+
+
+def _emit(as_json: bool, obj: Any, render: Callable[[], None]) -> None:
+    if as_json:
+        click.echo(json.dumps(obj, indent=None, sort_keys=True, default=str))
+    else:
+        render()
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+class AutofuseGroup(click.Group):
+    """Turns known errors into one line on stderr and an exit code; --debug shows tracebacks."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("autofuse: interrupted", err=True)
+            sys.exit(130)
+        except Exception as e:
+            from autofuse.errors import classify
+
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            code = classify(e)
+            if code is None:
+                click.echo(f"autofuse: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+                sys.exit(1)
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            click.echo(f"autofuse: error: {msg}", err=True)
+            sys.exit(code)
+
+
+@click.group(cls=AutofuseGroup)
+@click.version_option(__version__, prog_name="autofuse")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Search fusion partitions and kernel schedules for the fastest plan on your hardware."""
+    ctx.obj = {"debug": debug}
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+tiny_option = click.option("--tiny", is_flag=True, help="Use the space's tiny-shape variant (fast checks).")
+
+
+# ---------------------------------------------------------------- spaces
+@main.command()
+@json_option
+@tiny_option
+def spaces(as_json: bool, tiny: bool) -> None:
+    """List the search spaces with their inputs and ops."""
+    from autofuse.space import space_names
+    from autofuse.workload import get_workload
+
+    rows = []
+    for name in space_names():
+        w = get_workload(name, tiny)
+        g = w.graph(True)
+        info = w.space.summary()
+        info.update(workload=w.hash, ops=[f"{op.func}" for op in g.ops], kinds=[op.kind.name.lower() for op in g.ops])
+        rows.append(info)
+
+    def render() -> None:
+        from rich.table import Table
+
+        t = Table(title="autofuse search spaces" + (" (tiny)" if tiny else ""))
+        for col in ("space", "inputs", "ops (params folded)", "workload"):
+            t.add_column(col)
+        for r in rows:
+            ins = ", ".join(f"{i['name']}{list(i['shape'])}" for i in r["activations"])
+            if r["params"]:
+                ins += f" + {len(r['params'])} params"
+            t.add_row(r["name"], ins, " → ".join(r["ops"]), r["workload"])
+        _console().print(t)
+
+    _emit(as_json, {"spaces": rows}, render)
+
+
+# ---------------------------------------------------------------- partitions
+@main.command()
+@click.argument("space")
+@json_option
+@tiny_option
+@click.option("--list", "list_", is_flag=True, help="List every legal partition (up to --limit).")
+@click.option("--limit", default=50, show_default=True, help="How many partitions --list prints.")
+@click.option("--cap", default=100_000, show_default=True, help="Stop counting at this many.")
+@click.option("--unfolded", is_flag=True, help="Partition the graph with parameters as inputs (not folded).")
+def partitions(space: str, as_json: bool, tiny: bool, list_: bool, limit: int, cap: int, unfolded: bool) -> None:
+    """Count (and list) the legal fusion partitions of a space."""
+    from itertools import islice
+
+    from autofuse.graph import default_partition
+    from autofuse.partition import count_partitions, decisions, enumerate_partitions, space_size, unfused
+    from autofuse.workload import get_workload
+
+    w = get_workload(space, tiny)
+    g = w.graph(not unfolded)
+    dag = g.dag()
+    count, exact = count_partitions(dag, cap)
+    names = [op.name for op in g.ops]
+
+    def named(p) -> list[list[str]]:
+        return [[names[i] for i in grp] for grp in p]
+
+    out: dict[str, Any] = {
+        "space": space, "workload": w.hash, "ops": len(g.ops), "decisions": len(decisions(dag)),
+        "decision_space": space_size(dag), "count": count, "exact": exact,
+        "unfused": named(unfused(dag)), "default": named(default_partition(g)),
+    }
+    if list_:
+        out["partitions"] = [named(p) for p in islice(enumerate_partitions(dag), limit)]
+
+    def render() -> None:
+        c = _console()
+        c.print(f"[bold]{space}[/]: {len(g.ops)} ops, {out['decisions']} fuse/cut decisions "
+                f"(2^{out['decisions']} = {out['decision_space']} choice vectors)")
+        c.print(f"legal partitions: {'' if exact else '≥ '}{count}")
+        for op in g.ops:
+            c.print(f"  {op.name:8s} {op.func:24s} {op.kind.name.lower():18s} {list(op.shape)}")
+        c.print(f"unfused: {len(out['unfused'])} kernels   default (TVM FuseOps): {out['default']}")
+        for i, p in enumerate(out.get("partitions", [])):
+            c.print(f"  #{i}: " + " | ".join("+".join(grp) for grp in p))
+
+    _emit(as_json, out, render)
+
+
+# ---------------------------------------------------------------- run / build
+target_option = click.option("--target", "target_text", default="llvm", show_default=True,
+                             help='llvm, cuda, or target JSON such as \'{"kind":"cuda","arch":"sm_90"}\'.')
+plan_option = click.option("--plan", "plan_text", default="default", show_default=True,
+                           help="unfused, default, or a plan JSON file.")
+
+
+@main.command()
+@click.argument("space")
+@plan_option
+@target_option
+@json_option
+@tiny_option
+@click.option("--repeats", default=10, show_default=True, help="Timed repeats (median reported).")
+@click.option("--min-repeat-ms", default=50, show_default=True, help="Minimum duration of one repeat.")
+@click.option("--cache-flush", is_flag=True, help="Flush CPU caches between repeats.")
+def run(space: str, plan_text: str, target_text: str, as_json: bool, tiny: bool, repeats: int,
+        min_repeat_ms: int, cache_flush: bool) -> None:
+    """Build a plan with TVM, check it against the NumPy reference, and time it."""
+    from autofuse.measure import TimingConfig
+    from autofuse.runner import evaluate_plan
+    from autofuse.target import parse_target
+    from autofuse.workload import get_workload
+
+    target = parse_target(target_text)
+    if target.kind != "llvm":
+        raise click.UsageError("run needs a target this machine can execute (llvm); use `autofuse build` for cuda")
+    w = get_workload(space, tiny)
+    plan = w.resolve_plan(plan_text)
+    cfg = TimingConfig(repeats=repeats, min_repeat_ms=min_repeat_ms, cache_flush=cache_flush)
+    res = evaluate_plan(w, plan, target, cfg)
+    out = {"space": space, "workload": w.hash, "plan": plan.hash, "label": plan.label or plan_text,
+           "target": target.spec, "groups": len(plan.groups), **res}
+
+    def render() -> None:
+        c = _console()
+        status = "[green]correct[/]" if res["correct"] else "[red]WRONG[/]"
+        c.print(f"{space} plan {plan.hash} ({out['label']}) on {target}: {len(plan.groups)} kernels, {status}, "
+                f"max_rel_err {res['max_rel_err']:.2e}")
+        if res.get("median_ms") is not None:
+            c.print(f"median {res['median_ms']:.4f} ms  (min {res['min_ms']:.4f}, max {res['max_ms']:.4f}, "
+                    f"spread {res['spread_ms']:.4f} ms over {res['repeats']} repeats); build {res['build_s']:.2f} s")
+        if res.get("error"):
+            c.print(f"[red]{res['error']}[/]")
+
+    _emit(as_json, out, render)
+    if not res["correct"]:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("space")
+@plan_option
+@target_option
+@json_option
+@tiny_option
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Library to write (.so).")
+def build(space: str, plan_text: str, target_text: str, as_json: bool, tiny: bool, output: str) -> None:
+    """Build a plan into a library without running it (e.g. for a GPU this machine lacks)."""
+    import time
+
+    from autofuse import build as af_build
+    from autofuse.export import export_library
+    from autofuse.target import parse_target
+    from autofuse.workload import get_workload
+
+    target = parse_target(target_text)
+    w = get_workload(space, tiny)
+    plan = w.resolve_plan(plan_text)
+    t0 = time.perf_counter()
+    ex = af_build.build(w.graph(plan.fold_params), plan, target)
+    build_s = time.perf_counter() - t0
+    export_library(ex, output, sidecar={"workload": w.hash, "space": space, "plan": json.loads(plan.to_json()),
+                                        "plan_hash": plan.hash, "target": target.spec})
+    device_modules = [m.kind for m in af_build._imports(ex)]
+    out = {"space": space, "plan": plan.hash, "target": target.spec, "groups": len(plan.groups),
+           "output": output, "device_modules": device_modules, "build_s": build_s}
+    _emit(as_json, out, lambda: _console().print(
+        f"built {space} plan {plan.hash} ({len(plan.groups)} kernels) for {target} in {build_s:.2f} s → {output}"
+        + (f" (device modules: {', '.join(device_modules)})" if device_modules else "")))
+
+
+if __name__ == "__main__":
+    main()

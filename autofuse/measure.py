@@ -1,0 +1,123 @@
+"""Verified measurement: check a built plan against the reference, then time it.
+
+The output is poisoned first: one call on NaN inputs leaves NaN in every buffer
+the VM's pooled allocator will hand out again, so a kernel that skips writing
+part of its output cannot pass by reusing an earlier correct result.  Only a
+correct result is timed; a wrong one is reported as wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from autofuse.target import Target
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """Warm-up calls, then ``repeats`` timings of ``number`` calls each, every
+    repeat lasting at least ``min_repeat_ms``; optional CPU cache flush between repeats."""
+
+    repeats: int = 10
+    number: int = 1
+    min_repeat_ms: int = 50
+    warmup: int = 2
+    cache_flush: bool = False
+
+
+QUICK = TimingConfig(repeats=3, number=1, min_repeat_ms=1, warmup=1)
+
+
+@dataclass
+class Measurement:
+    correct: bool
+    max_rel_err: float | None
+    median_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    std_ms: float | None = None
+    repeats: int = 0
+    error: str | None = None
+    samples_ms: list[float] = field(default_factory=list)
+
+    @property
+    def spread_ms(self) -> float | None:
+        return None if self.max_ms is None else self.max_ms - self.min_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spread_ms"] = self.spread_ms
+        return d
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> tuple[bool, float]:
+    """(within tolerance, normwise relative error). NaN/inf never pass."""
+    if actual.shape != expected.shape:
+        return False, math.inf
+    a = actual.astype(np.float64)
+    if not np.all(np.isfinite(a)):
+        return False, math.inf
+    ok = bool(np.all(np.abs(a - expected) <= atol + rtol * np.abs(expected)))
+    scale = float(np.max(np.abs(expected))) or 1.0
+    return ok, float(np.max(np.abs(a - expected)) / scale)
+
+
+class Session:
+    """A built plan loaded in a Relax VM on a device, with its inputs resident."""
+
+    def __init__(self, executable: tvm.runtime.Executable, target: Target):
+        self.device = tvm.cpu(0) if target.kind == "llvm" else tvm.cuda(0)
+        self.vm = relax.VirtualMachine(executable, self.device)
+
+    def to_device(self, arrays: list[np.ndarray]) -> list[tvm.runtime.Tensor]:
+        return [tvm.runtime.tensor(a, self.device) for a in arrays]
+
+    def __call__(self, args: list[tvm.runtime.Tensor]) -> np.ndarray:
+        return self.vm["main"](*args).numpy()
+
+    def check(self, inputs: list[np.ndarray], expected: np.ndarray, rtol: float, atol: float) -> tuple[bool, float]:
+        poison = self.to_device([np.full_like(a, np.nan) for a in inputs])
+        self(poison)
+        out = self(self.to_device(inputs))
+        return compare(out, expected, rtol, atol)
+
+    def time(self, inputs: list[np.ndarray], cfg: TimingConfig) -> list[float]:
+        """Per-call milliseconds of each repeat, after warm-up."""
+        args = self.to_device(inputs)
+        for _ in range(cfg.warmup):
+            self(args)
+        self.vm.save_function("main", "main_timed", *args)  # no per-call argument conversion
+        kwargs: dict[str, Any] = dict(number=cfg.number, repeat=cfg.repeats, min_repeat_ms=cfg.min_repeat_ms)
+        if cfg.cache_flush:
+            kwargs["f_preproc"] = "cache_flush_cpu_non_first_arg"
+        res = self.vm.time_evaluator("main_timed", self.device, **kwargs)()
+        return [float(r) * 1e3 for r in res.results]
+
+
+def summarize(samples_ms: list[float], correct: bool, err: float) -> Measurement:
+    return Measurement(
+        correct=correct,
+        max_rel_err=err,
+        median_ms=statistics.median(samples_ms),
+        min_ms=min(samples_ms),
+        max_ms=max(samples_ms),
+        std_ms=statistics.pstdev(samples_ms) if len(samples_ms) > 1 else 0.0,
+        repeats=len(samples_ms),
+        samples_ms=samples_ms,
+    )
+
+
+def measure(session: Session, inputs: list[np.ndarray], expected: np.ndarray, rtol: float, atol: float,
+            cfg: TimingConfig) -> Measurement:
+    """Check first; time only a correct result."""
+    correct, err = session.check(inputs, expected, rtol, atol)
+    if not correct:
+        return Measurement(False, err, error=f"wrong result: relative error {err:.3g} exceeds rtol={rtol}, atol={atol}")
+    return summarize(session.time(inputs, cfg), True, err)

@@ -1,0 +1,300 @@
+"""Schedule space of one fused kernel, and how a knob assignment becomes a TVM schedule.
+
+Every group has an *anchor* block: the block with the largest iteration volume
+(GEMM/conv reduction, or the last element-wise/normalizing block).  Knobs shape
+the anchor's loop nest and say where every other block of the group goes:
+
+- ``t<i>`` / ``r<j>``: inner tile of spatial loop i / reduction loop j (1 = no inner
+  loop; need not divide the extent: TVM then adds a predicate).
+  Loop order: spatial outer tiles, reduction outer, reduction inner, spatial inner
+  (a register tile for GEMM/conv).
+- ``parallel``: how many outer spatial tile loops are fused into one parallel loop.
+- ``vector``: vectorize the innermost spatial loop; ``unroll``: auto-unroll max step.
+- ``inline``: inline element-wise producers / intermediate epilogue blocks.
+- ``epilogue_at`` / ``producer_at``: outer spatial loop (index) under which the
+  remaining consumers / producers are computed; -1 = at root, own loop nest.
+
+An assignment either yields a valid schedule or raises ``ScheduleRejected`` with
+the reason; no TVM exception escapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import s_tir, tirx
+
+from autofuse.plan import PlanError
+
+BOOL_KNOBS = ("vector", "inline")
+INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at")
+UNROLL_STEPS = (0, 16, 64, 256)
+
+
+class ScheduleRejected(Exception):
+    """This knob assignment does not give a valid schedule (reason in the message)."""
+
+
+@dataclass(frozen=True)
+class LoopNest:
+    """Extents of the anchor block's spatial and reduction loops."""
+
+    spatial: tuple[int, ...]
+    reduce: tuple[int, ...]
+
+    @property
+    def has_reduction(self) -> bool:
+        return bool(self.reduce)
+
+
+def block_nests(func: tirx.PrimFunc) -> list[tuple[str, LoopNest]]:
+    """(name, loop nest) of every block directly under the root, in program order."""
+    sch = s_tir.Schedule(func)
+    out = []
+    root = sch.get_sblock("root")
+    for b in sch.get_child_blocks(root):
+        block = sch.get(b)
+        spatial, reduce = [], []
+        for iv in block.iter_vars:
+            ext = int(iv.dom.extent)
+            (reduce if int(iv.iter_type) == 2 else spatial).append(ext)
+        out.append((block.name_hint, LoopNest(tuple(spatial), tuple(reduce))))
+    return out
+
+
+def anchor_index(nests: list[tuple[str, LoopNest]]) -> int:
+    """The block with the largest iteration volume; ties go to the later block."""
+    best, best_vol = 0, -1
+    for i, (_, nest) in enumerate(nests):
+        vol = 1
+        for e in nest.spatial + nest.reduce:
+            vol *= e
+        if vol >= best_vol:
+            best, best_vol = i, vol
+    return best
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def default_knobs(nest: LoopNest) -> dict[str, Any]:
+    """Simple rules: vector-width inner tile, 4-row register tile when there is a
+    reduction, two outer loops in parallel, epilogue inside the tile."""
+    n = len(nest.spatial)
+    knobs: dict[str, Any] = {f"t{i}": 1 for i in range(n)}
+    knobs.update({f"r{j}": 1 for j in range(len(nest.reduce))})
+    if n:
+        knobs[f"t{n - 1}"] = _largest_divisor(nest.spatial[-1], 16)
+    if n >= 2 and nest.has_reduction:
+        knobs[f"t{n - 2}"] = _largest_divisor(nest.spatial[-2], 4)
+    knobs.update(
+        parallel=min(2, n), vector=True, unroll=64, inline=True,
+        epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
+    )
+    return knobs
+
+
+def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None) -> dict[str, list[Any]]:
+    """Candidate values of every knob for this loop nest (what the search samples)."""
+    overrides = overrides or {}
+    max_tile = int(overrides.get("max_tile", 64))
+    space: dict[str, list[Any]] = {}
+    for i, ext in enumerate(nest.spatial):
+        cands = {1} | {2**k for k in range(1, 7) if 2**k <= min(ext, max_tile)}
+        cands |= {d for d in range(2, min(ext, max_tile) + 1) if ext % d == 0 and d in (3, 6, 7, 12, 14, 24, 28, 48, 56)}
+        space[f"t{i}"] = sorted(cands)
+    for j, ext in enumerate(nest.reduce):
+        space[f"r{j}"] = sorted({1} | {2**k for k in range(1, 5) if 2**k <= ext} | ({ext} if ext <= 16 else set()))
+    n = len(nest.spatial)
+    space["parallel"] = list(range(0, min(3, n) + 1))
+    space["vector"] = [True, False]
+    space["unroll"] = list(overrides.get("unroll", UNROLL_STEPS))
+    space["inline"] = [True, False]
+    space["epilogue_at"] = list(range(-1, n))
+    space["producer_at"] = list(range(-1, n))
+    return space
+
+
+def resolve_knobs(nest: LoopNest, knobs: dict[str, Any]) -> dict[str, Any]:
+    """Defaults filled in, and every given knob checked (unknown name, bad type, out of range)."""
+    full = default_knobs(nest)
+    for key, value in knobs.items():
+        if key not in full:
+            raise PlanError(f"unknown knob {key!r} (knobs of this group: {', '.join(full)})")
+        if key in BOOL_KNOBS:
+            if not isinstance(value, bool):
+                raise PlanError(f"knob {key!r} must be true or false, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise PlanError(f"knob {key!r} must be an integer, got {value!r}")
+        elif key[0] in "tr" and key[1:].isdigit():
+            ext = (nest.spatial if key[0] == "t" else nest.reduce)[int(key[1:])]
+            if not 1 <= value <= ext:
+                raise PlanError(f"tile {key}={value} is out of range 1..{ext} (loop extent {ext})")
+        elif key == "parallel" and not 0 <= value <= len(nest.spatial):
+            raise PlanError(f"parallel={value} is out of range 0..{len(nest.spatial)}")
+        elif key == "unroll" and not 0 <= value <= 4096:
+            raise PlanError(f"unroll={value} is out of range 0..4096")
+        elif key in ("epilogue_at", "producer_at") and not -1 <= value < len(nest.spatial):
+            raise PlanError(f"{key}={value} is out of range -1..{len(nest.spatial) - 1}")
+        full[key] = value
+    return full
+
+
+def apply_cpu(sch: s_tir.Schedule, kernel: str, anchor: int, knobs: dict[str, Any]) -> None:
+    """Schedule ``kernel`` in ``sch`` (in place). ``anchor`` indexes the root's child blocks."""
+    try:
+        _apply_cpu(sch, kernel, anchor, knobs)
+    except ScheduleRejected:
+        raise
+    except Exception as e:  # TVM's ScheduleError and friends: this assignment is invalid
+        raise ScheduleRejected(_reason(e)) from None
+
+
+def _reason(e: Exception) -> str:
+    text = str(e)
+    for line in text.splitlines():
+        if line.strip().startswith("Error message:"):
+            return line.split(":", 1)[1].strip()
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    return lines[-1][:300] if lines else type(e).__name__
+
+
+def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, Any]) -> None:
+    sch.work_on(kernel)
+    root = sch.get_sblock("root")
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
+    anchor_name = names[anchor_idx]
+    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
+    before, after = names[:anchor_idx], names[anchor_idx + 1 :]
+
+    if k["inline"]:
+        for name in reversed(before):  # element-wise producers (padding, residual add) into their readers
+            _try(lambda: sch.compute_inline(name))
+        for name in after:  # intermediate epilogue blocks collapse into the last one
+            if name not in outputs:
+                _try(lambda: sch.compute_inline(name))
+    alive = {sch.get(b).name_hint for b in sch.get_child_blocks(root)}
+    before = [n for n in before if n in alive]
+    after = [n for n in after if n in alive]
+
+    anchor = sch.get_sblock(anchor_name)
+    loops = sch.get_loops(anchor)
+    iters = sch.get(anchor).iter_vars
+    if len(loops) != len(iters):
+        raise ScheduleRejected(f"anchor block {anchor_name} has a loop nest autofuse cannot tile")
+    s_outer, s_inner, r_outer, r_inner = [], [], [], []
+    si = ri = 0
+    for loop, iv in zip(loops, iters):
+        ext = int(iv.dom.extent)
+        if int(iv.iter_type) == 2:
+            t, ri = k[f"r{ri}"], ri + 1
+            outer, inner = r_outer, r_inner
+        else:
+            t, si = k[f"t{si}"], si + 1
+            outer, inner = s_outer, s_inner
+        if t <= 1:
+            outer.append(loop)
+        elif t >= ext:
+            inner.append(loop)
+        else:
+            o, i = sch.split(loop, [None, t])
+            outer.append(o)
+            inner.append(i)
+    sch.reorder(*(s_outer + r_outer + r_inner + s_inner))
+
+    p = min(k["parallel"], len(s_outer))
+    tile_loops = list(s_outer)
+    if p >= 1:
+        fused = sch.fuse(*s_outer[:p]) if p > 1 else s_outer[0]
+        sch.parallel(fused)
+        tile_loops = [fused] + s_outer[p:]
+    if k["vector"] and s_inner:
+        sch.vectorize(s_inner[-1])
+    elif k["vector"] and not s_inner and not (r_outer or r_inner) and s_outer:
+        pass  # nothing inner to vectorize: the tile knobs chose no inner loop
+    first = (tile_loops or r_outer or r_inner or s_inner)[0]
+    if k["unroll"]:
+        sch.annotate(first, "pragma_auto_unroll_max_step", k["unroll"])
+        sch.annotate(first, "pragma_unroll_explicit", 1)
+
+    def at(index: int) -> Any:
+        """The tile loop for a knob index over the original spatial outer loops."""
+        if index < 0 or not tile_loops:
+            return None
+        pos = max(0, index - p + 1) if p >= 1 else index
+        return tile_loops[min(pos, len(tile_loops) - 1)]
+
+    placed = {anchor_name}
+    for name in after:
+        loop = at(k["epilogue_at"])
+        # Only an epilogue fed by the anchor's tile alone may move into the tile: TVM's
+        # reverse_compute_at widens the region to a side producer's (e.g. a broadcast
+        # statistic at root) and the block would read anchor values not yet computed.
+        producers = {sch.get(b).name_hint for b in sch.get_producers(sch.get_sblock(name))}
+        if loop is not None and producers and producers <= placed:
+            placed.add(name)
+            sch.reverse_compute_at(name, loop)
+            own = _loops_below(sch, name, loop)
+            if k["vector"] and own:  # never the shared tile loop itself
+                _try(lambda: sch.vectorize(own[-1]))
+        else:
+            _root_schedule(sch, name, k)
+    for name in reversed(before):
+        loop = at(k["producer_at"])
+        if loop is not None:
+            sch.compute_at(name, loop)
+        else:
+            _root_schedule(sch, name, k)
+    if r_outer or r_inner:
+        sch.decompose_reduction(anchor, (r_outer or r_inner)[0])
+
+
+def _loops_below(sch: s_tir.Schedule, block: str, loop: Any) -> list[Any]:
+    """The block's own loops nested under ``loop`` (after compute-at)."""
+    loops = sch.get_loops(block)
+    target = sch.get(loop)
+    for i, l in enumerate(loops):
+        if sch.get(l).same_as(target):
+            return loops[i + 1 :]
+    return []
+
+
+def _root_schedule(sch: s_tir.Schedule, name: str, k: dict[str, Any]) -> None:
+    """A block left at root: parallel outer spatial loops, vectorized inner loop."""
+    block = sch.get_sblock(name)
+    loops = sch.get_loops(block)
+    iters = sch.get(block).iter_vars
+    if len(loops) != len(iters):
+        return
+    spatial = [l for l, iv in zip(loops, iters) if int(iv.iter_type) != 2]
+    if not spatial:
+        return
+    lead = [l for l in loops[: len(spatial)] if l in spatial][: max(1, min(2, k["parallel"]))]
+    if len(lead) == len(loops) and len(loops) > 1:
+        lead = lead[:-1]
+    if k["parallel"] and lead:
+        _try(lambda: sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0]))
+    if k["vector"] and int(iters[-1].iter_type) != 2 and len(loops) > len(lead):
+        _try(lambda: sch.vectorize(sch.get_loops(name)[-1]))
+
+
+def _try(step) -> bool:
+    """Best-effort step (inlining, vectorizing a secondary block): skip if TVM says no."""
+    try:
+        step()
+        return True
+    except Exception:
+        return False
+
+
+def apply_cuda(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """GPU schedules from TVM's dlight rules (block/thread bindings for every kernel)."""
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        return dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+        )(mod)

@@ -1,0 +1,109 @@
+"""Targets: canonical dicts for TVM, plus a fingerprint of the host that measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import tvm
+
+
+class TargetError(Exception):
+    """A target string/JSON that autofuse cannot use."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A TVM target as canonical JSON; ``kind`` is "llvm" or "cuda"."""
+
+    spec_json: str
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return json.loads(self.spec_json)
+
+    @property
+    def kind(self) -> str:
+        return self.spec["kind"]
+
+    def tvm(self) -> tvm.target.Target:
+        return tvm.target.Target(self.spec)
+
+    def __str__(self) -> str:
+        return self.spec_json
+
+
+@cache
+def host_mcpu() -> str:
+    """The host CPU name LLVM sees (e.g. znver4)."""
+    try:
+        return str(tvm.get_global_func("target.llvm_get_system_cpu")())
+    except Exception:
+        return ""
+
+
+def num_threads() -> int:
+    """Threads TVM kernels use: $TVM_NUM_THREADS, else every core."""
+    return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+
+
+def parse_target(text: str | dict[str, Any]) -> Target:
+    """``llvm`` / ``cuda`` shorthands or a target JSON object; returns the canonical form."""
+    if isinstance(text, dict):
+        spec = dict(text)
+    else:
+        text = text.strip()
+        if text == "llvm":
+            spec = {"kind": "llvm"}
+        elif text == "cuda":
+            spec = {"kind": "cuda", "arch": "sm_90"}
+        elif text.startswith("{"):
+            try:
+                spec = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TargetError(f"target is not valid JSON: {e}") from e
+            if not isinstance(spec, dict):
+                raise TargetError("target JSON must be an object like {\"kind\": \"llvm\"}")
+        else:
+            raise TargetError(f"unknown target {text!r}: use llvm, cuda or a JSON object such as '{{\"kind\":\"cuda\",\"arch\":\"sm_90\"}}'")
+    kind = spec.get("kind")
+    if kind not in ("llvm", "cuda"):
+        raise TargetError(f"target kind {kind!r} is not supported (llvm or cuda)")
+    if kind == "llvm":
+        spec.setdefault("mcpu", host_mcpu())
+        spec.setdefault("num-cores", num_threads())
+        if not spec["mcpu"]:
+            del spec["mcpu"]
+    else:
+        spec.setdefault("arch", "sm_90")
+    try:
+        tvm.target.Target(spec)
+    except Exception as e:
+        raise TargetError(f"TVM rejects target {json.dumps(spec)}: {str(e).strip().splitlines()[-1]}") from e
+    return Target(json.dumps(spec, sort_keys=True, separators=(",", ":")))
+
+
+@cache
+def host_fingerprint() -> dict[str, Any]:
+    """What identifies the measuring machine: CPU model, cores, GPU name if any."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    gpu = ""
+    try:
+        dev = tvm.cuda(0)
+        if dev.exist:
+            gpu = str(dev.device_name)
+    except Exception:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count() or 1, "mcpu": host_mcpu(), "gpu": gpu}

@@ -1,0 +1,65 @@
+"""Every space: unfused, default and a sampled plan build and compute the reference; CUDA builds."""
+
+import random
+
+import pytest
+
+from autofuse.build import build, group_anchor
+from autofuse.measure import QUICK
+from autofuse.partition import decisions, partition_from_choices
+from autofuse.runner import OK, evaluate_plan
+from autofuse.schedule import ScheduleRejected, knob_space
+from autofuse.space import space_names
+from autofuse.target import parse_target
+from autofuse.workload import get_workload
+
+LLVM = parse_target("llvm")
+SPACES = space_names()
+
+
+def test_all_eight_spaces_present():
+    assert {"mlp_gelu", "conv_bn_relu", "ew_chain", "layernorm_residual", "attention", "resnet_block",
+            "gemm_bn", "mobilenet_block"} <= set(SPACES)
+
+
+def sampled_plan(w, seed: int):
+    """A random legal partition with random knob values per group."""
+    rng = random.Random(seed)
+    fold = rng.random() < 0.7
+    g = w.graph(fold)
+    dag = g.dag()
+    part, _ = partition_from_choices(dag, [rng.random() < 0.6 for _ in decisions(dag)])
+    schedules = []
+    for grp in part:
+        _, nest = group_anchor(g, grp)
+        schedules.append({k: rng.choice(v) for k, v in knob_space(nest).items()})
+    return w.partition_plan(part, fold, "sampled", schedules)
+
+
+@pytest.mark.parametrize("space", SPACES)
+def test_reference_and_sampled_plans_are_correct(space):
+    w = get_workload(space, tiny=True)
+    for label in ("unfused", "default"):
+        res = evaluate_plan(w, w.reference_plan(label), LLVM, QUICK)
+        assert res["status"] == OK and res["correct"], (label, res)
+        assert res["median_ms"] > 0
+    accepted = 0
+    for seed in range(12):
+        try:
+            res = evaluate_plan(w, sampled_plan(w, seed), LLVM, QUICK)
+        except ScheduleRejected:
+            continue
+        assert res["correct"], (seed, res)  # a schedule that builds must compute the right thing
+        accepted += 1
+        if accepted == 2:
+            break
+    assert accepted >= 1
+
+
+@pytest.mark.parametrize("space", SPACES)
+def test_cuda_build_has_a_device_module(space):
+    from autofuse.build import _imports
+
+    w = get_workload(space, tiny=True)
+    ex = build(w.graph(True), w.reference_plan("default"), parse_target('{"kind":"cuda","arch":"sm_90"}'))
+    assert "cuda" in [m.kind for m in _imports(ex)]
