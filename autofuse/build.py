@@ -154,6 +154,17 @@ def group_anchor(graph: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest]:
     return a, nests[a][1]
 
 
+def anchor_op(graph: Graph, group: tuple[int, ...]) -> int:
+    """The op (index) that owns the group's anchor block: names the group's knobs in a search."""
+    a, _ = group_anchor(graph, group)
+    for i in group:
+        n = len(_op_nests(graph, graph.ops[i].func))
+        if a < n:
+            return i
+        a -= n
+    raise AssertionError("anchor block outside the group")
+
+
 _NEST_CACHE: dict[tuple[int, str], list] = {}
 
 

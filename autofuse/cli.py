@@ -225,5 +225,112 @@ def build(space: str, plan_text: str, target_text: str, as_json: bool, tiny: boo
         + (f" (device modules: {', '.join(device_modules)})" if device_modules else "")))
 
 
+# ---------------------------------------------------------------- tune
+@main.command()
+@click.argument("space")
+@target_option
+@click.option("--trials", type=click.IntRange(min=1), default=None, help="Total finished trials in the study (default 100 without --timeout).")
+@click.option("--timeout", "timeout_text", default=None, help="Wall-clock bound for this job: 8h, 10m, 90s, 1h30m.")
+@click.option("--db", "db_url", default=None, help="SQLAlchemy URL for trials and plans [default: sqlite:///results/autofuse.db].")
+@click.option("--study", default=None, help="Study name [default: derived from workload and target].")
+@click.option("--sampler", type=click.Choice(["tpe", "random", "cmaes", "gp"]), default="tpe", show_default=True)
+@click.option("--seed", type=int, default=None, help="Sampler seed (reproducible sampling).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Processes tuning the same study.")
+@click.option("--resume", is_flag=True, help="Continue an existing study (it must exist).")
+@click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True, help="Plans re-measured at the end.")
+@click.option("--candidate-timeout", type=float, default=300.0, show_default=True, help="Seconds before a candidate's worker is killed.")
+@click.option("--mem-limit-mb", type=int, default=None, help="Memory limit of the candidate worker process.")
+@click.option("--heartbeat", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Seconds between trial heartbeats; a trial silent for 2x this is failed on resume.")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed repeats per trial.")
+@click.option("--min-repeat-ms", type=click.IntRange(min=0), default=20, show_default=True)
+@tiny_option
+@json_option
+def tune(space: str, target_text: str, trials: int | None, timeout_text: str | None, db_url: str | None, study: str | None,
+         sampler: str, seed: int | None, workers: int, resume: bool, top_k: int, candidate_timeout: float,
+         mem_limit_mb: int | None, heartbeat: int, repeats: int, min_repeat_ms: int, tiny: bool, as_json: bool) -> None:
+    """Tune a space: search partitions and schedules, store every measured plan."""
+    from autofuse.db import DEFAULT_URL
+    from autofuse.job import JobConfig, parse_duration, run_job
+    from autofuse.measure import TimingConfig
+    from autofuse.search import make_sampler
+    from autofuse.target import parse_target
+    from autofuse.workload import get_workload
+
+    try:
+        timeout_s = parse_duration(timeout_text) if timeout_text else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--timeout") from None
+    if trials is None and timeout_s is None:
+        trials = 100
+    parse_target(target_text)
+    get_workload(space, tiny)  # unknown space: fail before creating anything
+    make_sampler(sampler, seed)  # sampler availability
+    cfg = JobConfig(space=space, target=target_text, tiny=tiny, trials=trials, timeout_s=timeout_s,
+                    db_url=db_url or DEFAULT_URL, study=study, sampler=sampler, seed=seed, workers=workers,
+                    resume=resume, top_k=top_k, candidate_timeout_s=candidate_timeout, mem_limit_mb=mem_limit_mb,
+                    timing=TimingConfig(repeats=repeats, min_repeat_ms=min_repeat_ms, warmup=1),
+                    heartbeat_s=heartbeat, progress=not as_json)
+    result = run_job(cfg, progress_factory=None if as_json else _tune_progress)
+    out = result.as_dict()
+
+    def render() -> None:
+        c = _console()
+        b = result.best
+        c.print(f"study [bold]{result.study}[/]: {result.trials_this_job} trials this job ({result.trials_total} total; "
+                f"{result.complete} ok, {result.failed} failed, {result.pruned} rejected) in {result.wall_s:.0f} s"
+                + ("  [yellow](interrupted: resume with the same command)[/]" if result.interrupted else ""))
+        if b:
+            ups = ", ".join(f"{v:.2f}× vs {k.removeprefix('speedup_vs_')}" for k, v in b.items()
+                            if k.startswith("speedup_vs_") and v)
+            c.print(f"best plan {b['plan_hash']} ({b['label']}): {b['median_ms']:.4f} ms" + (f"  ({ups})" if ups else ""))
+        o = result.overhead
+        c.print(f"time: sampler+storage {o['sampler_and_storage_s']:.1f} s ({100 * o['sampler_and_storage_share']:.0f}%), "
+                f"build {o['build_s']:.1f} s, measure {o['measure_s']:.1f} s, worker/IPC {o['worker_ipc_and_setup_s']:.1f} s, "
+                f"plan DB {o['plan_db_s']:.1f} s; log: {result.log}")
+
+    _emit(as_json, out, render)
+
+
+class _tune_progress:
+    """A rich progress bar fed with the study after each trial: trials/s, best so far, ETA."""
+
+    def __init__(self, cfg, before: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.cfg = cfg
+        self.before = before
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"), TextColumn("best {task.fields[best]}"),
+                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=False)
+
+    def __enter__(self):
+        import time
+
+        import optuna
+
+        total = self.cfg.trials
+        self.t0 = time.time()
+        self.progress.start()
+        self.task = self.progress.add_task(f"tuning {self.cfg.space}", total=total, completed=self.before,
+                                           rate="", best="-")
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+        def update(study) -> None:
+            done = study.get_trials(deepcopy=False, states=states)
+            ok = [t.value for t in done if t.state == optuna.trial.TrialState.COMPLETE]
+            rate = (len(done) - self.before) / max(1e-9, time.time() - self.t0)
+            self.progress.update(self.task, completed=len(done), rate=f"{rate:.2f} trials/s",
+                                 best=f"{min(ok):.4f} ms" if ok else "-")
+
+        return update
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+
+from autofuse.cli_db import register as _register_db_commands  # noqa: E402
+_register_db_commands(main)
+
 if __name__ == "__main__":
     main()

@@ -115,6 +115,9 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None) -> dict[
     space["inline"] = [True, False]
     space["epilogue_at"] = list(range(-1, n))
     space["producer_at"] = list(range(-1, n))
+    for key, value in default_knobs(nest).items():  # the default schedule is always a point of the space
+        if value not in space[key]:
+            space[key] = sorted(space[key] + [value], key=lambda v: (isinstance(v, bool), v))
     return space
 
 

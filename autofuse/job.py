@@ -1,0 +1,423 @@
+"""Tuning jobs: the loop that runs overnight, survives kills, and can share a study.
+
+One job = one Optuna study (trials in Optuna's RDB storage) + the plan database
+(every measured plan, on the same URL).  Each trial samples a plan, measures it in
+an isolated worker process, and records the result in both.  ``workers`` > 1 runs
+that loop in several processes on the same study.  At the end the top plans and
+the two reference plans are re-measured together, interleaved, and only those
+final measurements decide which plan is best.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import re
+import signal
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+import autofuse
+from autofuse.db import DEFAULT_URL, PlanDB
+from autofuse.measure import TimingConfig
+from autofuse.plan import Plan
+from autofuse.runner import OK, REJECTED, IsolatedRunner
+from autofuse.search import PlanSpace, make_sampler
+from autofuse.target import Target, host_fingerprint, parse_target
+from autofuse.workload import REFERENCE_PLANS, get_workload
+
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+log = logging.getLogger("autofuse.job")
+
+
+@dataclass
+class JobConfig:
+    space: str
+    target: str = "llvm"
+    tiny: bool = False
+    trials: int | None = 100
+    timeout_s: float | None = None
+    db_url: str = DEFAULT_URL
+    study: str | None = None
+    sampler: str = "tpe"
+    seed: int | None = None
+    workers: int = 1
+    resume: bool = False
+    timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=20, warmup=1))
+    final_timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=50, warmup=2))
+    candidate_timeout_s: float = 300.0
+    mem_limit_mb: int | None = None
+    top_k: int = 3
+    final_rounds: int = 3
+    heartbeat_s: int = 10
+    progress: bool = True
+    log_dir: str = "results"
+
+    def target_obj(self) -> Target:
+        return parse_target(self.target)
+
+    def study_name(self) -> str:
+        if self.study:
+            return self.study
+        w = get_workload(self.space, self.tiny)
+        t = self.target_obj()
+        tag = t.spec.get("mcpu") or t.spec.get("arch") or ""
+        return f"{w.name}@{t.kind}{'-' + tag if tag else ''}-{w.hash[:8]}"
+
+
+class JobError(Exception):
+    """The job cannot start (e.g. --resume of a study that does not exist)."""
+
+
+def parse_duration(text: str) -> float:
+    """'8h', '10m', '90s', '1h30m', or plain seconds."""
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    m = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?", text)
+    if not text or not m or not any(m.groups()):
+        raise ValueError(f"bad duration {text!r}: use e.g. 8h, 10m, 90s or 1h30m")
+    h, mi, s = m.groups()
+    return int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
+
+
+def storage_for(cfg: JobConfig) -> optuna.storages.RDBStorage:
+    return optuna.storages.RDBStorage(
+        cfg.db_url,
+        engine_kwargs={"connect_args": {"timeout": 60}} if cfg.db_url.startswith("sqlite") else None,
+        heartbeat_interval=cfg.heartbeat_s,
+        grace_period=2 * cfg.heartbeat_s,
+    )
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM: finish the trial in flight, then stop; a second Ctrl-C aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            if self.requested and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.requested = True
+            log.warning("signal %s: stopping after the trial in flight", signal.Signals(signum).name)
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+
+@dataclass
+class Timers:
+    """Where a worker's wall time goes (seconds)."""
+
+    suggest: float = 0.0  # sampling the plan (sampler + storage reads)
+    evaluate: float = 0.0  # the isolated worker: build + measure + IPC
+    build: float = 0.0
+    measure: float = 0.0
+    record: float = 0.0  # plan-DB writes + trial attrs
+    trials: int = 0
+
+
+def _fault_plan() -> dict[int, str]:
+    """AUTOFUSE_INJECT='3:segfault,5:hang' (tests only; needs AUTOFUSE_FAULT_INJECTION=1)."""
+    spec = os.environ.get("AUTOFUSE_INJECT", "")
+    out = {}
+    for item in filter(None, spec.split(",")):
+        n, kind = item.split(":")
+        out[int(n)] = kind
+    return out
+
+
+def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: _StopFlag | None = None) -> Timers:
+    """Run trials on the shared study until the trial budget, the timeout, or a stop request."""
+    w = get_workload(cfg.space, cfg.tiny)
+    target = cfg.target_obj()
+    host = host_fingerprint()
+    space = PlanSpace(w)
+    storage = storage_for(cfg)
+    study = optuna.load_study(study_name=cfg.study_name(), storage=storage,
+                              sampler=make_sampler(cfg.sampler, None if cfg.seed is None else cfg.seed + worker_id, cfg.workers))
+    db = PlanDB(cfg.db_url)
+    timers = Timers()
+    faults = _fault_plan()
+    stop = stop or _StopFlag()
+    deadline = None if cfg.timeout_s is None else time.time() + cfg.timeout_s
+    timing = asdict(cfg.timing)
+
+    def objective(trial: optuna.Trial) -> float:
+        t0 = time.perf_counter()
+        plan, repairs = space.suggest(trial)
+        label = trial.user_attrs.get("label", "tuned")
+        t1 = time.perf_counter()
+        task = {"space": cfg.space, "tiny": cfg.tiny, "plan": plan.to_json(), "target": target.spec_json,
+                "timing": timing, "inject": faults.get(trial.number)}
+        res = runner.run(task)
+        t2 = time.perf_counter()
+        timers.suggest += t1 - t0
+        timers.evaluate += t2 - t1
+        timers.build += res.get("build_s") or 0.0
+        timers.measure += res.get("run_s") or 0.0
+        timers.trials += 1
+        trial.set_user_attr("plan", plan.to_json())
+        trial.set_user_attr("plan_hash", plan.hash)
+        trial.set_user_attr("status", res["status"])
+        trial.set_user_attr("groups", len(plan.groups))
+        if repairs:
+            trial.set_user_attr("repairs", repairs[:20])
+        if res.get("error"):
+            trial.set_user_attr("error", res["error"][:1000])
+        plan_id = db.put_plan(w.hash, target.spec, host, plan.hash, plan.to_json(), label)
+        db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"), max_ms=res.get("max_ms"),
+                           std_ms=res.get("std_ms"), repeats=res.get("repeats") or 0, correct=res["status"] == OK,
+                           max_rel_err=_finite(res.get("max_rel_err")), error=res.get("error"), kind="trial",
+                           tvm_version=_tvm_version(), autofuse_version=autofuse.__version__,
+                           study=study.study_name, trial_number=trial.number)
+        timers.record += time.perf_counter() - t2
+        log.info("trial %d [%s] %s plan %s groups=%d %s", trial.number, label, res["status"], plan.hash, len(plan.groups),
+                 f"{res['median_ms']:.4f} ms" if res["status"] == OK else res.get("error", ""))
+        if stop.requested or (deadline is not None and time.time() > deadline):
+            study.stop()
+        if res["status"] == REJECTED:
+            raise optuna.TrialPruned(res.get("error", "rejected"))
+        if res["status"] != OK:
+            raise _CandidateFailed(f"{res['status']}: {res.get('error', '')}")
+        return float(res["median_ms"])
+
+    callbacks: list[Any] = []
+    if progress is not None:
+        callbacks.append(lambda st, _t: progress(st))
+    if cfg.trials is not None:
+        callbacks.append(optuna.study.MaxTrialsCallback(cfg.trials, states=FINISHED))
+    with IsolatedRunner(cfg.candidate_timeout_s, cfg.mem_limit_mb) as runner:
+        if not _budget_left(study, cfg):
+            return timers
+        study.optimize(objective, timeout=cfg.timeout_s, callbacks=callbacks, catch=(_CandidateFailed,))
+    db.close()
+    return timers
+
+
+class _CandidateFailed(Exception):
+    """A candidate crashed, hung, failed to build or computed a wrong result: the trial FAILs."""
+
+
+def _budget_left(study: optuna.Study, cfg: JobConfig) -> bool:
+    if cfg.trials is None:
+        return True
+    return len(study.get_trials(deepcopy=False, states=FINISHED)) < cfg.trials
+
+
+def _finite(x: Any) -> float | None:
+    return None if x is None or x != x or x in (float("inf"), float("-inf")) else float(x)
+
+
+def _tvm_version() -> str:
+    import tvm
+
+    return tvm.__version__
+
+
+def _spawned_worker(cfg_json: str, worker_id: int) -> None:
+    cfg = _cfg_from_json(cfg_json)
+    _setup_logging(cfg, quiet=True)
+    stop = _StopFlag()
+    stop.install()
+    worker_loop(cfg, worker_id, stop=stop)
+
+
+def _cfg_to_json(cfg: JobConfig) -> str:
+    return json.dumps(asdict(cfg))
+
+
+def _cfg_from_json(text: str) -> JobConfig:
+    d = json.loads(text)
+    d["timing"] = TimingConfig(**d["timing"])
+    d["final_timing"] = TimingConfig(**d["final_timing"])
+    return JobConfig(**d)
+
+
+def _setup_logging(cfg: JobConfig, quiet: bool = False) -> Path:
+    Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9_.@-]+", "_", cfg.study_name())
+    path = Path(cfg.log_dir) / f"tune-{safe}.log"
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve()) for h in log.handlers):
+        h = logging.FileHandler(path)
+        h.setFormatter(logging.Formatter(f"%(asctime)s pid={os.getpid()} %(levelname)s %(message)s"))
+        log.addHandler(h)
+    log.setLevel(logging.INFO)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return path
+
+
+def prepare_study(cfg: JobConfig) -> optuna.Study:
+    """Create (or load) the study; a new one gets the two reference plans enqueued first."""
+    w = get_workload(cfg.space, cfg.tiny)
+    target = cfg.target_obj()
+    db = PlanDB(cfg.db_url)  # first: creates the file with WAL on, and our tables
+    db.put_workload(w.hash, w.name, w.graph_json())
+    db.put_target(target.spec, host_fingerprint())
+    db.close()
+    storage = storage_for(cfg)
+    name = cfg.study_name()
+    exists = name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    if cfg.resume and not exists:
+        raise JobError(f"--resume: no study named {name!r} in {cfg.db_url}")
+    study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+    if not exists:
+        study.set_user_attr("workload", w.hash)
+        study.set_user_attr("space", cfg.space)
+        study.set_user_attr("target", target.spec_json)
+        space = PlanSpace(w)
+        for label in REFERENCE_PLANS:
+            study.enqueue_trial(space.params_of(w.reference_plan(label)), user_attrs={"label": label})
+    return study
+
+
+@dataclass
+class JobResult:
+    study: str
+    workload: str
+    target: str
+    trials_total: int
+    trials_this_job: int
+    complete: int
+    failed: int
+    pruned: int
+    wall_s: float
+    best: dict[str, Any] | None
+    reference: dict[str, float | None]
+    final: list[dict[str, Any]]
+    overhead: dict[str, float]
+    interrupted: bool
+    log: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_job(cfg: JobConfig, progress_factory: Any = None) -> JobResult:
+    """The whole job: study setup, K workers, final re-measurement, summary."""
+    logpath = _setup_logging(cfg)
+    study = prepare_study(cfg)
+    before = len(study.get_trials(deepcopy=False, states=FINISHED))
+    log.info("job start: study %s, %d trials already, config %s", study.study_name, before, _cfg_to_json(cfg))
+    t0 = time.perf_counter()
+    stop = _StopFlag()
+    stop.install()
+    procs = []
+    ctx = mp.get_context("spawn")
+    for k in range(1, cfg.workers):
+        p = ctx.Process(target=_spawned_worker, args=(_cfg_to_json(cfg), k))
+        p.start()
+        procs.append(p)
+    progress_cm = progress_factory(cfg, before) if progress_factory else None
+    try:
+        if progress_cm is not None:
+            with progress_cm as update:
+                timers = worker_loop(cfg, 0, progress=update, stop=stop)
+        else:
+            timers = worker_loop(cfg, 0, stop=stop)
+    finally:
+        for p in procs:
+            if stop.requested and p.is_alive():
+                p.terminate()  # forwards the stop: the worker finishes its trial in flight
+            p.join()
+    wall = time.perf_counter() - t0
+    final = [] if stop.requested else final_remeasure(cfg, study)
+    return _summarize(cfg, study, before, wall, timers, final, stop.requested, logpath)
+
+
+def final_remeasure(cfg: JobConfig, study: optuna.Study) -> list[dict[str, Any]]:
+    """Re-measure the top-k plans and the references together, interleaved, with more repeats."""
+    w = get_workload(cfg.space, cfg.tiny)
+    target = cfg.target_obj()
+    host = host_fingerprint()
+    done = sorted((t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))),
+                  key=lambda t: t.value)
+    chosen: dict[str, tuple[str, str]] = {}
+    for t in done:
+        h = t.user_attrs.get("plan_hash")
+        if h and h not in chosen and len([c for c in chosen.values() if c[1] == "tuned"]) < cfg.top_k:
+            chosen[h] = (t.user_attrs["plan"], t.user_attrs.get("label", "tuned"))
+    for t in done:  # the references, whatever their rank
+        label = t.user_attrs.get("label")
+        if label in REFERENCE_PLANS and t.user_attrs.get("plan_hash") not in chosen:
+            chosen[t.user_attrs["plan_hash"]] = (t.user_attrs["plan"], label)
+    if not chosen:
+        return []
+    samples: dict[str, list[float]] = {h: [] for h in chosen}
+    errors: dict[str, str] = {}
+    timing = asdict(cfg.final_timing)
+    with IsolatedRunner(cfg.candidate_timeout_s, cfg.mem_limit_mb) as runner:
+        for _ in range(cfg.final_rounds):
+            for h, (plan_json, _label) in chosen.items():
+                if h in errors:
+                    continue
+                res = runner.run({"space": cfg.space, "tiny": cfg.tiny, "plan": plan_json, "target": target.spec_json,
+                                  "timing": timing})
+                if res["status"] == OK:
+                    samples[h].extend(res["samples_ms"])
+                else:
+                    errors[h] = f"{res['status']}: {res.get('error', '')}"
+    db = PlanDB(cfg.db_url)
+    out = []
+    for h, (plan_json, label) in chosen.items():
+        s = samples[h]
+        ok = h not in errors and bool(s)
+        plan_id = db.put_plan(w.hash, target.spec, host, h, plan_json, label)
+        db.add_measurement(plan_id, median_ms=statistics.median(s) if ok else None, min_ms=min(s) if ok else None,
+                           max_ms=max(s) if ok else None, std_ms=statistics.pstdev(s) if ok else None,
+                           repeats=len(s), correct=ok, error=errors.get(h), kind="final",
+                           tvm_version=_tvm_version(), autofuse_version=autofuse.__version__, study=study.study_name)
+        out.append({"plan_hash": h, "label": label, "correct": ok, "median_ms": statistics.median(s) if ok else None,
+                    "spread_ms": (max(s) - min(s)) if ok else None, "repeats": len(s), "error": errors.get(h)})
+    db.close()
+    out.sort(key=lambda r: (not r["correct"], r["median_ms"] or 0.0))
+    log.info("final re-measurement: %s", json.dumps(out))
+    return out
+
+
+def _summarize(cfg: JobConfig, study: optuna.Study, before: int, wall: float, timers: Timers,
+               final: list[dict[str, Any]], interrupted: bool, logpath: Path) -> JobResult:
+    trials = study.get_trials(deepcopy=False)
+    by_state = {s: sum(t.state == s for t in trials) for s in FINISHED}
+    ref = {}
+    for label in REFERENCE_PLANS:
+        f = [r for r in final if r["label"] == label and r["correct"]]
+        if f:
+            ref[label] = f[0]["median_ms"]
+        else:
+            t = [t for t in trials if t.user_attrs.get("label") == label and t.state == optuna.trial.TrialState.COMPLETE]
+            ref[label] = t[0].value if t else None
+    best = None
+    if final and final[0]["correct"]:
+        best = dict(final[0])
+    elif by_state[optuna.trial.TrialState.COMPLETE]:
+        bt = study.best_trial
+        best = {"plan_hash": bt.user_attrs.get("plan_hash"), "label": bt.user_attrs.get("label", "tuned"),
+                "median_ms": bt.value, "trial": bt.number}
+    if best and best.get("median_ms"):
+        for label, v in ref.items():
+            best[f"speedup_vs_{label}"] = (v / best["median_ms"]) if v else None
+    eval_other = max(0.0, timers.evaluate - timers.build - timers.measure)
+    sampler_storage = max(0.0, wall - timers.evaluate - timers.record) if cfg.workers == 1 else timers.suggest
+    overhead = {
+        "wall_s": wall, "trials_by_this_process": timers.trials,
+        "sampler_and_storage_s": sampler_storage, "build_s": timers.build, "measure_s": timers.measure,
+        "worker_ipc_and_setup_s": eval_other, "plan_db_s": timers.record,
+        "sampler_and_storage_share": sampler_storage / wall if wall else 0.0,
+    }
+    return JobResult(
+        study=study.study_name, workload=get_workload(cfg.space, cfg.tiny).hash, target=cfg.target_obj().spec_json,
+        trials_total=len(trials), trials_this_job=sum(t.state in FINISHED for t in trials) - before,
+        complete=by_state[optuna.trial.TrialState.COMPLETE], failed=by_state[optuna.trial.TrialState.FAIL],
+        pruned=by_state[optuna.trial.TrialState.PRUNED], wall_s=wall, best=best, reference=ref, final=final,
+        overhead=overhead, interrupted=interrupted, log=str(logpath),
+    )

@@ -1,0 +1,107 @@
+"""Optuna-guided search over plans, define-by-run.
+
+A trial first picks the graph variant (parameters folded or not), then one
+fuse/cut decision per candidate pair of ops (repaired into a legal partition),
+then every group's schedule knobs.  Parameter names are stable across trials --
+decisions are named by their ops, knobs by the group's anchor op -- so that the
+sampler learns which choice helps which kernel whatever the rest of the plan is.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import optuna
+
+from autofuse.build import anchor_op, group_anchor
+from autofuse.graph import Graph
+from autofuse.partition import Decision, choices_for, decisions, partition_from_choices
+from autofuse.plan import Plan
+from autofuse.schedule import knob_space, resolve_knobs
+from autofuse.workload import Workload
+
+SAMPLERS = ("tpe", "random", "cmaes", "gp")
+# Heartbeats, constant_liar and friends are "experimental" in Optuna; they are what jobs rely on.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", message=".*warn_independent_sampling.*", category=FutureWarning)
+
+
+class SamplerUnavailable(Exception):
+    """The requested sampler needs a package that is not installed."""
+
+
+def _variant(fold: bool) -> str:
+    return "F" if fold else "U"
+
+
+def decision_param(g: Graph, fold: bool, d: Decision) -> str:
+    sep = ">" if d.kind == "edge" else "~"
+    return f"{_variant(fold)}:fuse:{g.ops[d.a].name}{sep}{g.ops[d.b].name}"
+
+
+def knob_param(g: Graph, fold: bool, anchor: int, knob: str) -> str:
+    return f"{_variant(fold)}:{g.ops[anchor].name}:{knob}"
+
+
+class PlanSpace:
+    """The search space of one workload: how a trial samples a plan, and the params of a given plan."""
+
+    def __init__(self, workload: Workload, overrides: dict[str, Any] | None = None):
+        self.workload = workload
+        self.overrides = overrides if overrides is not None else workload.space.knobs
+
+    def suggest(self, trial: optuna.Trial) -> tuple[Plan, list[str]]:
+        """Sample a plan; returns it with the list of fuse decisions the repair had to cut."""
+        fold = trial.suggest_categorical("fold_params", [True, False])
+        g = self.workload.graph(fold)
+        dag = g.dag()
+        choices = [trial.suggest_categorical(decision_param(g, fold, d), [False, True]) for d in decisions(dag)]
+        part, repairs = partition_from_choices(dag, choices)
+        schedules = []
+        for group in part:
+            _, nest = group_anchor(g, group)
+            a = anchor_op(g, group)
+            schedules.append({k: trial.suggest_categorical(knob_param(g, fold, a, k), values)
+                              for k, values in knob_space(nest, self.overrides).items()})
+        return self.workload.partition_plan(part, fold, "tuned", schedules), repairs
+
+    def params_of(self, plan: Plan) -> dict[str, Any]:
+        """Trial params that make ``suggest`` return ``plan`` (to enqueue reference plans)."""
+        fold = plan.fold_params
+        g = self.workload.graph(fold)
+        dag = g.dag()
+        idx = g.index()
+        part = tuple(tuple(sorted(idx[o] for o in grp)) for grp in plan.groups)
+        params: dict[str, Any] = {"fold_params": fold}
+        for d, c in zip(decisions(dag), choices_for(dag, part)):
+            params[decision_param(g, fold, d)] = c
+        for group, sched in zip(part, plan.schedules):
+            _, nest = group_anchor(g, group)
+            a = anchor_op(g, group)
+            for k, v in resolve_knobs(nest, sched).items():
+                params[knob_param(g, fold, a, k)] = v
+        return params
+
+
+def make_sampler(name: str, seed: int | None, workers: int = 1) -> optuna.samplers.BaseSampler:
+    """TPE (default), random, CMA-ES or GP. Categorical knobs: CMA-ES and GP fall back to
+    independent sampling for them, which Optuna warns about once; we silence that."""
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=workers > 1,
+                                          n_startup_trials=10)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "cmaes":
+        try:
+            import cmaes  # noqa: F401
+        except ImportError:
+            raise SamplerUnavailable("--sampler cmaes needs the 'cmaes' package (pip install cmaes)") from None
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    if name == "gp":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise SamplerUnavailable("--sampler gp needs PyTorch: pip install 'autofuse[gp]'") from None
+        return optuna.samplers.GPSampler(seed=seed)
+    raise SamplerUnavailable(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")

@@ -1,0 +1,132 @@
+"""Tuning jobs: results kept across kills, faults contained, workers sharing a study."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+
+from helpers import ROOT, cli, cli_json
+
+STATES_DONE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+def _study(url):
+    (summary,) = optuna.get_all_study_summaries(url)
+    return optuna.load_study(study_name=summary.study_name, storage=url)
+
+
+def _tune(url, *args, env=None, timeout=240):
+    return cli("tune", "ew_chain", "--tiny", "--db", url, "--repeats", "2", "--min-repeat-ms", "1",
+               "--top-k", "2", *args, env=env, timeout=timeout)
+
+
+def test_tune_records_baselines_trials_and_final_measurements(tmp_path):
+    url = f"sqlite:///{tmp_path}/t.db"
+    r = _tune(url, "--trials", "6", "--seed", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["trials_total"] == 6 and out["complete"] >= 2
+    assert out["best"]["median_ms"] > 0 and out["reference"]["unfused"] and out["reference"]["default"]
+    assert {f["label"] for f in out["final"]} >= {"unfused", "default"}
+    study = _study(url)
+    labels = [t.user_attrs.get("label") for t in study.trials[:2]]
+    assert labels == ["unfused", "default"]  # baselines enqueued first
+    for key in ("sampler_and_storage_s", "build_s", "measure_s"):
+        assert key in out["overhead"]
+
+
+def test_seeded_random_search_is_reproducible(tmp_path):
+    hashes = []
+    for run in ("a", "b"):
+        url = f"sqlite:///{tmp_path}/{run}.db"
+        r = _tune(url, "--trials", "5", "--sampler", "random", "--seed", "7", "--json")
+        assert r.returncode == 0, r.stderr
+        hashes.append([t.user_attrs["plan_hash"] for t in _study(url).trials])
+    assert hashes[0] == hashes[1]
+    assert len(set(hashes[0])) >= 3
+
+
+def test_crashing_hanging_and_raising_candidates_leave_the_job_running(tmp_path):
+    url = f"sqlite:///{tmp_path}/t.db"
+    env = {"AUTOFUSE_FAULT_INJECTION": "1", "AUTOFUSE_INJECT": "2:segfault,3:raise,4:hang,5:exit"}
+    r = _tune(url, "--trials", "7", "--candidate-timeout", "20", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    trials = {t.number: t for t in _study(url).trials}
+    assert len(trials) == 7
+    assert trials[2].state == optuna.trial.TrialState.FAIL and "signal 11" in trials[2].user_attrs["error"]
+    assert trials[3].state == optuna.trial.TrialState.FAIL and "injected" in trials[3].user_attrs["error"]
+    assert trials[4].state == optuna.trial.TrialState.FAIL and "timed out" in trials[4].user_attrs["error"]
+    assert trials[5].state == optuna.trial.TrialState.FAIL and "exit code 3" in trials[5].user_attrs["error"]
+    assert trials[6].state == optuna.trial.TrialState.COMPLETE  # a fresh worker took over
+    best = json.loads(r.stdout)["best"]
+    assert best["plan_hash"] not in {trials[n].user_attrs["plan_hash"] for n in (2, 3, 4, 5)}
+
+
+def _wait_for_complete(url, n, proc, limit=180):
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            done = [t for t in _study(url).trials if t.state == optuna.trial.TrialState.COMPLETE]
+        except Exception:
+            done = []
+        if len(done) >= n:
+            return done
+        time.sleep(0.5)
+    raise AssertionError("job made no progress")
+
+
+def _spawn_tune(url, *args):
+    return subprocess.Popen([sys.executable, "-m", "autofuse", "tune", "ew_chain", "--tiny", "--db", url, "--repeats", "2",
+                             "--min-repeat-ms", "1", "--json", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TVM_NUM_THREADS": "2"}, start_new_session=True)
+
+
+def test_sigkill_then_resume_loses_no_completed_trial(tmp_path):
+    url = f"sqlite:///{tmp_path}/t.db"
+    proc = _spawn_tune(url, "--trials", "200", "--heartbeat", "1")
+    done = _wait_for_complete(url, 4, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the job and its candidate worker
+    proc.wait()
+    before = {t.number: t.value for t in _study(url).trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert len(before) >= len(done)
+    time.sleep(3)  # let the dead job's heartbeat go stale (grace period 2 s)
+    target_total = len([t for t in _study(url).trials if t.state in STATES_DONE]) + 3
+    r = _tune(url, "--resume", "--trials", str(target_total), "--heartbeat", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    after = _study(url).trials
+    for number, value in before.items():
+        assert after[number].state == optuna.trial.TrialState.COMPLETE and after[number].value == value
+    assert not [t for t in after if t.state == optuna.trial.TrialState.RUNNING]  # stale trial failed by heartbeat
+    assert len([t for t in after if t.state in STATES_DONE]) >= target_total
+
+
+def test_sigterm_stops_after_the_trial_in_flight(tmp_path):
+    url = f"sqlite:///{tmp_path}/t.db"
+    proc = _spawn_tune(url, "--trials", "200")
+    _wait_for_complete(url, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["interrupted"] is True
+    assert not [t for t in _study(url).trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_two_workers_share_one_sqlite_study(tmp_path):
+    url = f"sqlite:///{tmp_path}/t.db"
+    r = _tune(url, "--trials", "12", "--workers", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    trials = _study(url).trials
+    finished = [t for t in trials if t.state in STATES_DONE]
+    assert len(finished) >= 12
+    assert not [t for t in trials if "locked" in str(t.user_attrs.get("error", ""))]
+    assert "locked" not in r.stderr
+    log = open(json.loads(r.stdout)["log"]).read() if os.path.exists(json.loads(r.stdout)["log"]) else ""
+    assert "database is locked" not in log
+    assert len({t.user_attrs.get("plan_hash") for t in finished}) > 3
