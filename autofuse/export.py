@@ -24,9 +24,9 @@ def export_library(executable: tvm.runtime.Executable, path: str | os.PathLike, 
     try:
         executable.export_library(tmp)
         meta = {**sidecar, "library": path.name, "tvm_version": tvm.__version__}
-        _atomic_write_text(sidecar_path(path), json.dumps(meta, indent=2, sort_keys=True))
         os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # library first: a sidecar never describes a library not yet in place
+        _atomic_write_text(sidecar_path(path), json.dumps(meta, indent=2, sort_keys=True))
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

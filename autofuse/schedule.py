@@ -10,7 +10,10 @@ the anchor's loop nest and say where every other block of the group goes:
   (a register tile for GEMM/conv).
 - ``parallel``: how many outer spatial tile loops are fused into one parallel loop.
 - ``vector``: vectorize the innermost spatial loop; ``unroll``: auto-unroll max step.
-- ``inline``: inline element-wise producers / intermediate epilogue blocks.
+- ``inline_producers``: inline producers (padding, residual adds) into the anchor's
+  reads; otherwise they are computed per tile at ``producer_at`` (materialized
+  padded tiles are often much faster than a bounds check in the inner loop).
+- ``inline_epilogue``: collapse intermediate epilogue blocks into the last one.
 - ``epilogue_at`` / ``producer_at``: outer spatial loop (index) under which the
   remaining consumers / producers are computed; -1 = at root, own loop nest.
 
@@ -28,7 +31,7 @@ from tvm import s_tir, tirx
 
 from autofuse.plan import PlanError
 
-BOOL_KNOBS = ("vector", "inline")
+BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue")
 INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at")
 UNROLL_STEPS = (0, 16, 64, 256)
 
@@ -91,7 +94,9 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
     if n >= 2 and nest.has_reduction:
         knobs[f"t{n - 2}"] = _largest_divisor(nest.spatial[-2], 4)
     knobs.update(
-        parallel=min(2, n), vector=True, unroll=64, inline=True,
+        parallel=min(2, n - 1) if n >= 2 else n,  # keep the innermost tile loop out, so
+        # per-row producers (norm statistics) are not recomputed for every column tile
+        vector=True, unroll=64, inline_producers=False, inline_epilogue=True,
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
     )
     return knobs
@@ -112,7 +117,8 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None) -> dict[
     space["parallel"] = list(range(0, min(3, n) + 1))
     space["vector"] = [True, False]
     space["unroll"] = list(overrides.get("unroll", UNROLL_STEPS))
-    space["inline"] = [True, False]
+    space["inline_producers"] = [False, True]
+    space["inline_epilogue"] = [True, False]
     space["epilogue_at"] = list(range(-1, n))
     space["producer_at"] = list(range(-1, n))
     for key, value in default_knobs(nest).items():  # the default schedule is always a point of the space
@@ -173,9 +179,10 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
     outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
     before, after = names[:anchor_idx], names[anchor_idx + 1 :]
 
-    if k["inline"]:
+    if k["inline_producers"]:
         for name in reversed(before):  # element-wise producers (padding, residual add) into their readers
             _try(lambda: sch.compute_inline(name))
+    if k["inline_epilogue"]:
         for name in after:  # intermediate epilogue blocks collapse into the last one
             if name not in outputs:
                 _try(lambda: sch.compute_inline(name))

@@ -74,8 +74,7 @@ def parse_target(text: str | dict[str, Any]) -> Target:
     if kind not in ("llvm", "cuda"):
         raise TargetError(f"target kind {kind!r} is not supported (llvm or cuda)")
     if kind == "llvm":
-        spec.setdefault("mcpu", host_mcpu())
-        spec.setdefault("num-cores", num_threads())
+        spec.setdefault("mcpu", host_mcpu())  # threads are a runtime setting (TVM_NUM_THREADS), not part of the key
         if not spec["mcpu"]:
             del spec["mcpu"]
     else:
