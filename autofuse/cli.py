@@ -21,7 +21,8 @@ def _emit(as_json: bool, obj: Any, render: Callable[[], None]) -> None:
 def _console():
     from rich.console import Console
 
-    return Console()
+    # piped output (logs, CI) gets wide tables instead of columns squeezed to 80
+    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 class AutofuseGroup(click.Group):
@@ -327,6 +328,87 @@ class _tune_progress:
 
     def __exit__(self, *exc) -> None:
         self.progress.stop()
+
+
+# ---------------------------------------------------------------- bench
+@main.command()
+@click.argument("spaces", nargs=-1)
+@target_option
+@click.option("--budget", "budget_text", default="10m", show_default=True,
+              help="Tuning wall-clock budget per space, the same for autofuse and MetaSchedule.")
+@click.option("-o", "--output", "out_dir", default="results/bench", show_default=True, type=click.Path(file_okay=False))
+@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True, help="Interleaved timing rounds.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Repeats per column per round.")
+@click.option("--min-repeat-ms", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--columns", default=",".join(["unfused", "tvm-default", "tvm-metaschedule", "onnxruntime", "numpy", "autofuse"]),
+              show_default=True, help="Which columns to run (comma-separated).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@tiny_option
+@json_option
+def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: str, rounds: int, repeats: int,
+          min_repeat_ms: int, columns: str, seed: int, tiny: bool, as_json: bool) -> None:
+    """autofuse's best plan vs unfused, TVM (default, MetaSchedule), onnxruntime, NumPy and the roofline."""
+    from pathlib import Path
+
+    from autofuse.bench import COLUMNS, run_bench
+    from autofuse.job import parse_duration
+    from autofuse.space import space_names
+    from autofuse.target import parse_target
+    from autofuse.workload import get_workload
+
+    target = parse_target(target_text)
+    if target.kind != "llvm":
+        raise click.UsageError("bench runs on this machine's CPU: use --target llvm")
+    try:
+        budget = parse_duration(budget_text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--budget") from None
+    cols = tuple(c.strip() for c in columns.split(",") if c.strip())
+    unknown = set(cols) - set(COLUMNS)
+    if unknown:
+        raise click.BadParameter(f"unknown column(s) {sorted(unknown)}; choose from {', '.join(COLUMNS)}", param_hint="--columns")
+    names = list(spaces) or space_names()
+    for n in names:
+        get_workload(n, tiny)
+    console = _console()
+    say = (lambda s: None) if as_json else (lambda s: console.print(f"[dim]{s}[/]"))
+    report = run_bench(names, target, budget, Path(out_dir), tiny=tiny, rounds=rounds, repeats=repeats,
+                       min_repeat_ms=min_repeat_ms, seed=seed, include=cols, progress=say)
+
+    def render() -> None:
+        from rich.table import Table
+
+        t = Table(title=f"autofuse bench: median ms (×: peer time / autofuse time), budget {budget:.0f} s, "
+                        f"{report['threads']} threads, {report['date']}")
+        t.add_column("space")
+        for c in COLUMNS:
+            if c in cols:
+                t.add_column(c, justify="right")
+        t.add_column("roofline", justify="right")
+        t.add_column("autofuse / roofline", justify="right")
+        for r in report["spaces"]:
+            row = [r["space"]]
+            for c in COLUMNS:
+                if c not in cols:
+                    continue
+                col = r["columns"].get(c)
+                if not col:
+                    row.append("n/a")
+                elif col["median_ms"] is None:
+                    row.append(f"[red]{(col['error'] or 'failed')[:40]}[/]")
+                else:
+                    ratio = (r.get("ratios_vs_autofuse") or {}).get(c)
+                    row.append(f"{col['median_ms']:.3f} ±{col['spread_ms']:.3f}" + (f" ({ratio:.2f}×)" if ratio and c != "autofuse" else ""))
+            row.append(f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "")
+            row.append(f"{r['autofuse_over_roofline']:.2f}×" if r.get("autofuse_over_roofline") else "")
+            t.add_row(*row)
+        console.print(t)
+        geo = report["geomean_speedup_of_autofuse"]
+        console.print("geomean speedup of autofuse: " + ", ".join(f"{k} {v:.2f}×" for k, v in geo.items() if k != "autofuse"))
+        console.print(f"peaks: {report['peaks']['peak_gflops']:.0f} GFLOP/s ({report['peaks']['peak_source']} SGEMM 2048³), "
+                      f"{report['peaks']['bandwidth_gbs']:.1f} GB/s (copy); JSON {report['json']}; charts {', '.join(report['charts'])}")
+
+    _emit(as_json, report, render)
 
 
 from autofuse.cli_db import register as _register_db_commands  # noqa: E402

@@ -97,26 +97,34 @@ def register(group: click.Group) -> click.Group:
             what = " and ".join(f for f in (workload and f"workload {workload!r}",
                                             target_filter and f"target {target_filter!r}") if f)
             _fail(f"no tuned plans{' for ' + what if what else ''} in {db.url}")
-        dicts = [r.as_dict() for r in rows]
+        from autofuse.deploy import staleness
+
+        stale = [staleness(r) for r in rows]  # tuned with another TVM/autofuse, or on another host
+        dicts = []
+        for r, reasons in zip(rows, stale):
+            d = r.as_dict()
+            d.pop("host", None)
+            d["stale"] = reasons
+            dicts.append(d)
         if fmt == "json":
             click.echo(json.dumps(dicts, indent=2, sort_keys=True))
         elif fmt == "csv":
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=list(dicts[0]), lineterminator="\n")
             writer.writeheader()
-            writer.writerows(dicts)
+            writer.writerows([{**d, "stale": "; ".join(d["stale"])} for d in dicts])
             click.echo(buf.getvalue(), nl=False)
         else:
             from rich.table import Table
 
             t = Table(title=f"autofuse leaderboard ({db.url})")
             cols = (["#"] if top > 1 else []) + ["workload", "target", "plan", "median ms ± spread",
-                                                 "vs unfused", "vs default", "trials", "tuned at", "TVM"]
+                                                 "vs unfused", "vs default", "trials", "tuned at", "TVM", "stale"]
             for c in cols:
                 t.add_column(c, no_wrap=c in ("workload", "plan", "target"),
                              justify="right" if c in ("#", "median ms ± spread", "vs unfused", "vs default",
                                                       "trials") else "left")
-            for r in rows:
+            for r, reasons in zip(rows, stale):
                 cells = [str(r.rank)] if top > 1 else []
                 cells += [
                     r.workload,
@@ -128,6 +136,7 @@ def register(group: click.Group) -> click.Group:
                     str(r.trials),
                     r.tuned_at[:19].replace("T", " "),
                     r.tvm_version,
+                    ("[yellow]STALE[/]: " + "; ".join(reasons)) if reasons else "",
                 ]
                 t.add_row(*cells)
             from rich.console import Console

@@ -234,6 +234,7 @@ class LeaderRow:
     tvm_version: str
     autofuse_version: str
     rank: int = 1
+    host: dict | None = None  # host fingerprint of the chosen measurement (staleness checks)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -752,6 +753,7 @@ class PlanDB:
                         tvm_version=b.tvm_version,
                         autofuse_version=b.autofuse_version,
                         rank=i,
+                        host=json.loads(b.host_json),
                     )
                 )
         return rows

@@ -57,7 +57,10 @@ def params_path(library: str | os.PathLike) -> Path:
 
 
 def staleness(best: BestPlan) -> list[str]:
-    """Why a stored plan may not be the best choice here (empty: tuned here, with these versions)."""
+    """Why a stored plan may not be the best choice here (empty: tuned here, with these versions).
+
+    Takes anything with ``tvm_version``, ``autofuse_version`` and ``host`` (a ``BestPlan``
+    or a leaderboard row); a missing host fingerprint counts as another host."""
     import tvm
 
     reasons = []
@@ -66,10 +69,11 @@ def staleness(best: BestPlan) -> list[str]:
     if best.autofuse_version != autofuse.__version__:
         reasons.append(f"tuned with autofuse {best.autofuse_version}, running autofuse {autofuse.__version__}")
     here = host_fingerprint()
+    host = best.host if isinstance(best.host, dict) else {}
     diffs = [
-        f"{k} {best.host.get(k)!r} vs {here.get(k)!r}"
+        f"{k} {host.get(k)!r} vs {here.get(k)!r}"
         for k in _HOST_KEYS
-        if _norm(best.host.get(k)) != _norm(here.get(k))
+        if _norm(host.get(k)) != _norm(here.get(k))
     ]
     if diffs:
         reasons.append("tuned on another host (" + ", ".join(diffs) + ")")

@@ -216,16 +216,32 @@ def default_partition(graph: Graph) -> Partition:
     fused = relax.transform.FuseOps(fuse_opt_level=2)(graph.mod)
     idx = graph.index()
     call_tir = tvm.ir.Op.get("relax.call_tir")
-    unmatched = {(op.func, _mask_consts(op.args)): op.name for op in graph.ops}
+    # Constants are matched by identity (FuseOps passes the same Constant objects on) and, failing
+    # that, position-free: models have several ops that differ only in a constant (x*c1, x*c2).
+    exact: dict[tuple, str] = {}
+    masked: dict[tuple, list[str]] = {}
+    for op, b in zip(graph.ops, graph.bindings):
+        ids = tuple(f"const#{a.__hash__()}" if isinstance(a, Constant) else n
+                    for n, a in zip(op.args, b.value.args[1].fields))
+        exact[(op.func, ids)] = op.name
+        masked.setdefault((op.func, _mask_consts(op.args)), []).append(op.name)
+    taken: set[str] = set()
 
     def arg_ids(call: relax.Call, env: dict[Any, Any]) -> tuple[str, ...]:
-        return tuple(env[a] if isinstance(a, relax.Var) else "const" for a in call.args[1].fields)
+        return tuple(env[a] if isinstance(a, relax.Var) else (f"const#{a.__hash__()}" if isinstance(a, Constant) else "const")
+                     for a in call.args[1].fields)
 
     def match(call: relax.Call, env: dict[Any, Any]) -> str:
-        key = (call.args[0].name_hint, arg_ids(call, env))
-        if key not in unmatched:
-            raise GraphError(f"{graph.name}: cannot map FuseOps output {key} back to the graph")
-        return unmatched.pop(key)
+        ids = arg_ids(call, env)
+        name = exact.get((call.args[0].name_hint, ids))
+        if name is None or name in taken:
+            key = (call.args[0].name_hint, tuple("const" if i.startswith("const") else i for i in ids))
+            free = [n for n in masked.get(key, []) if n not in taken]
+            if not free:
+                raise GraphError(f"{graph.name}: cannot map FuseOps output {key} back to the graph")
+            name = free[0]
+        taken.add(name)
+        return name
 
     env: dict[Any, Any] = {p: p.name for p in fused["main"].params}  # Relax Var -> op/input name
     groups: list[list[int]] = []
@@ -236,7 +252,7 @@ def default_partition(graph: Graph) -> Partition:
             groups.append([idx[env[binding.var]]])
         elif isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
             func = fused[value.op]
-            local = {p: (env[a] if isinstance(a, relax.Var) else "const") for p, a in zip(func.params, value.args)}
+            local = {p: (env[a] if isinstance(a, relax.Var) else f"const#{a.__hash__()}") for p, a in zip(func.params, value.args)}
             members = []
             for b in (b for blk in func.body.blocks for b in blk.bindings):
                 local[b.var] = match(b.value, local)

@@ -10,7 +10,11 @@ from autofuse.space import Space, SpaceError
 
 
 def space_to_relax(space: Space) -> tvm.IRModule:
-    """A Relax module whose ``main`` takes activations then parameters, in the space's order."""
+    """A Relax module whose ``main`` takes activations then parameters, in the space's order.
+
+    A space that carries a prebuilt module (an imported model, a model region) returns it."""
+    if space.module is not None:
+        return space.module
     bb = relax.BlockBuilder()
     args = {t.name: relax.Var(t.name, relax.TensorType(tuple(t.shape), t.dtype)) for t in space.inputs}
     with bb.function("main", list(args.values())):

@@ -25,21 +25,53 @@ from autofuse.workload import Workload, get_workload
 OK, WRONG, REJECTED, BUILD_ERROR, TIMEOUT, CRASHED, ERROR = "ok", "wrong", "rejected", "build_error", "timeout", "crashed", "error"
 
 
-def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig) -> dict[str, Any]:
-    """Build, check and time ``plan`` here. Plan/schedule errors propagate to the caller."""
-    from autofuse.build import build
+def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *, corrupt: bool = False) -> dict[str, Any]:
+    """Build, check and time ``plan`` here. Plan/schedule errors propagate to the caller.
+
+    ``corrupt`` (fault injection only): after scheduling, the kernel that writes the
+    output is made to write only part of it, so the correctness check must catch it."""
+    from autofuse.build import build, compile_module, schedule_module
 
     w.check_plan(plan)
     t0 = time.perf_counter()
-    ex = build(w.graph(plan.fold_params), plan, target)
+    if corrupt:
+        ex = compile_module(_corrupt_output_kernel(schedule_module(w.graph(plan.fold_params), plan, target)), target)
+    else:
+        ex = build(w.graph(plan.fold_params), plan, target)
     build_s = time.perf_counter() - t0
     acts, expected = w.check_data()
     session = Session(ex, target)
+    inputs = w.runtime_inputs(plan.fold_params, acts)
     t1 = time.perf_counter()
-    m = measure(session, w.runtime_inputs(plan.fold_params, acts), expected, w.space.rtol, w.space.atol, cfg)
+    try:
+        m = measure(session, inputs, expected, w.space.rtol, w.space.atol, cfg)
+    finally:
+        del session
+        _scrub(ex, target, inputs)
     out = m.as_dict()
     out.update(status=OK if m.correct else WRONG, build_s=build_s, run_s=time.perf_counter() - t1)
     return out
+
+
+def _scrub(executable: Any, target: Target, inputs: list[Any]) -> None:
+    """After a candidate: a fresh VM runs it twice on NaN inputs, so the buffers it
+    leaves in the process-wide pooled allocator hold poison, not the correct output.
+
+    Without this, a later candidate in the same worker whose kernel writes only part
+    of its output finds the rest already correct -- left there by this candidate's
+    timing runs on the same check inputs -- and passes the check: ``Session.check``'s
+    poison call cannot help, since the broken kernel skips that region on it too.
+    The measuring VM is gone by now (it held its last outputs), and two calls cover
+    the two buffers a VM alternates between."""
+    import numpy as np
+
+    try:
+        session = Session(executable, target)
+        poison = session.to_device([np.full_like(a, np.nan) for a in inputs])
+        for _ in range(2):
+            session(poison)
+    except Exception:  # noqa: BLE001 - best effort; the measurement already stands
+        pass
 
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
@@ -49,12 +81,12 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     try:
-        _maybe_inject_fault(task.get("inject"))
+        corrupt = _maybe_inject_fault(task.get("inject"))
         w = get_workload(task["space"], task.get("tiny", False))
         plan = Plan.from_json(task["plan"])
         target = parse_target(task["target"])
         cfg = TimingConfig(**task.get("timing", {}))
-        return evaluate_plan(w, plan, target, cfg)
+        return evaluate_plan(w, plan, target, cfg, corrupt=corrupt)
     except (PlanError, ScheduleRejected) as e:
         return {"status": REJECTED, "correct": False, "error": str(e), "build_s": time.perf_counter() - t0}
     except BuildError as e:
@@ -66,10 +98,15 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         return {"status": ERROR, "correct": False, "error": last[:500]}
 
 
-def _maybe_inject_fault(kind: str | None) -> None:
-    """Test hook: faults a candidate can cause, honoured only with AUTOFUSE_FAULT_INJECTION=1."""
+def _maybe_inject_fault(kind: str | None) -> bool:
+    """Test hook: faults a candidate can cause, honoured only with AUTOFUSE_FAULT_INJECTION=1.
+
+    Returns True for ``wrong``: the caller builds a really broken kernel (see
+    :func:`_corrupt_output_kernel`) and the harness's correctness check has to catch it."""
     if not kind or os.environ.get("AUTOFUSE_FAULT_INJECTION") != "1":
-        return
+        return False
+    if kind == "wrong":
+        return True
     if kind == "segfault":
         import ctypes
 
@@ -84,6 +121,56 @@ def _maybe_inject_fault(kind: str | None) -> None:
         raise RuntimeError("injected failure inside the build")
     elif kind == "exit":
         os._exit(3)
+    return False
+
+
+def _corrupt_output_kernel(mod: Any) -> Any:
+    """Fault injection: the PrimFunc that writes ``main``'s output gets its outermost
+    multi-iteration loop cut to half its extent, so it writes only part of its output."""
+    import tvm
+    from tvm import relax, s_tir, tirx
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    calls = [b.value for blk in mod["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, relax.Call) and b.value.op.same_as(call_tir)]
+    if not calls:
+        raise RuntimeError("fault injection 'wrong': main calls no kernel")
+    gv = calls[-1].args[0]
+    func = mod[gv]
+
+    def shrink(stmt: Any) -> Any:
+        if isinstance(stmt, tirx.For):
+            ext = stmt.extent
+            if isinstance(ext, tirx.IntImm) and int(ext.value) >= 2:
+                half = tirx.IntImm(str(ext.ty), int(ext.value) // 2)
+                return tirx.For(stmt.loop_var, stmt.min, half, stmt.kind, stmt.body, stmt.thread_binding,
+                                stmt.annotations, getattr(stmt, "step", None))
+            body = shrink(stmt.body)
+            return None if body is None else tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
+                                                      stmt.thread_binding, stmt.annotations, getattr(stmt, "step", None))
+        if isinstance(stmt, s_tir.SBlockRealize):
+            blk = shrink(stmt.block)
+            return None if blk is None else s_tir.SBlockRealize(stmt.iter_values, stmt.predicate, blk)
+        if isinstance(stmt, s_tir.SBlock):
+            body = shrink(stmt.body)
+            return None if body is None else s_tir.SBlock(
+                stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, body, stmt.init, stmt.alloc_buffers,
+                stmt.match_buffers, stmt.annotations)
+        if isinstance(stmt, tirx.SeqStmt):
+            seq = list(stmt.seq)
+            for i in reversed(range(len(seq))):  # the output is written last
+                new = shrink(seq[i])
+                if new is not None:
+                    seq[i] = new
+                    return tirx.SeqStmt(seq)
+        return None
+
+    body = shrink(func.body)
+    if body is None:
+        raise RuntimeError(f"fault injection 'wrong': no loop to cut in {gv.name_hint}")
+    mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else mod
+    mod[gv] = func.with_body(body)
+    return mod
 
 
 def _worker_main(conn: Any, mem_limit_mb: int | None) -> None:

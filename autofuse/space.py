@@ -75,6 +75,12 @@ class Space:
     knobs: dict[str, Any] = field(default_factory=dict)
     rtol: float = 1e-3
     atol: float = 1e-4
+    # Imported models (autofuse.onnx_import) and model regions (autofuse.regions): a prebuilt Relax
+    # module used instead of ``forward``, the parameters' actual values (instead of seeded random ones),
+    # and where it came from (plain data a worker process can rebuild it from).
+    module: Any = field(default=None, compare=False, repr=False)
+    param_values: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
+    source: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.inputs]
@@ -89,7 +95,11 @@ class Space:
         return self.activations + self.params
 
     def default_params(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """The space's own seeded parameter values (what a build binds by default)."""
+        """The space's own seeded parameter values (what a build binds by default).
+
+        An imported model's parameters are its weights."""
+        if self.param_values is not None:
+            return dict(self.param_values)
         rng = np.random.default_rng(seed)
         return {t.name: t.random(rng) for t in self.params}
 

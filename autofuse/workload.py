@@ -107,5 +107,25 @@ class Workload:
 
 @cache
 def get_workload(name: str, tiny: bool = False) -> Workload:
-    """The workload of a named space with its default parameters (cached per process)."""
+    """The workload of a named space with its default parameters (cached per process).
+
+    ``name`` may also be a model spec (``model:{...}``, see :mod:`autofuse.onnx_import`; with a
+    ``region`` key: one region of that model, see :mod:`autofuse.regions`) or an ``.onnx`` path.
+    Models have no tiny variant (``tiny`` is ignored for them)."""
+    from autofuse.onnx_import import MODEL_PREFIX, model_space, model_space_from_spec, parse_spec
+
+    if name.startswith(MODEL_PREFIX):
+        import json
+
+        region = json.loads(name[len(MODEL_PREFIX):]).get("region")
+        if region:
+            from autofuse.regions import region_workload
+
+            path, shapes = parse_spec(name)
+            return region_workload(get_workload(MODEL_PREFIX + json.dumps(
+                {"path": path, "shapes": {k: list(v) for k, v in shapes.items()}}, sort_keys=True,
+                separators=(",", ":"))), region)
+        return Workload(model_space_from_spec(name))
+    if name.endswith(".onnx"):
+        return Workload(model_space(str(Path(name).resolve())))
     return Workload(load_space(name, tiny), tiny)

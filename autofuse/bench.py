@@ -1,0 +1,374 @@
+"""``autofuse bench``: autofuse's best plan against its peers, measured side by side.
+
+For each space, in one process, on the same inputs: every column is built (or
+tuned for the same wall-clock budget), checked against the NumPy reference, then
+timed in interleaved rounds so that machine noise hits all columns alike.
+Reported: median per column, spread (max-min over all samples), ratios to autofuse,
+and the roofline floor from this machine's measured peak FLOP/s and bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from autofuse.measure import Session, TimingConfig, compare
+from autofuse.target import Target, num_threads
+from autofuse.workload import Workload, get_workload
+
+COLUMNS = ("unfused", "tvm-default", "tvm-metaschedule", "onnxruntime", "numpy", "autofuse")
+
+
+@dataclass
+class Column:
+    name: str
+    correct: bool | None = None
+    error: str | None = None
+    samples_ms: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.samples_ms) if self.samples_ms else None
+
+    @property
+    def spread_ms(self) -> float | None:
+        return (max(self.samples_ms) - min(self.samples_ms)) if self.samples_ms else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "correct": self.correct, "error": self.error, "median_ms": self.median_ms,
+                "spread_ms": self.spread_ms, "samples": len(self.samples_ms), "note": self.note}
+
+
+# ------------------------------------------------------------------ machine peaks
+def machine_peaks(seconds: float = 1.0) -> dict[str, float]:
+    """Peak FLOP/s from a large SGEMM through NumPy's BLAS, bandwidth from a large copy."""
+    n = 2048
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+    a @ b
+    times = []
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end or len(times) < 3:
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    flops = 2 * n**3 / min(times)
+    source = "numpy"
+    try:  # onnxruntime's MLAS GEMM is often the fastest library present
+        import onnx.helper as h
+        from onnx import TensorProto
+
+        from autofuse.peers import onnxruntime_session
+
+        g = h.make_graph([h.make_node("MatMul", ["a", "b"], ["c"])], "mm",
+                         [h.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in "ab"],
+                         [h.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
+        sess = onnxruntime_session(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), num_threads())
+        feed = {"a": a, "b": b}
+        sess.run(None, feed)
+        ort_best = min(_time_python(lambda: sess.run(None, feed), 1.0, 5)) / 1e3
+        if 2 * n**3 / ort_best > flops:
+            flops, source = 2 * n**3 / ort_best, "onnxruntime"
+    except ImportError:
+        pass
+    src = np.ones(64 << 20, dtype=np.float32)  # 256 MiB
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    ctimes = []
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        ctimes.append(time.perf_counter() - t)
+    bw = 2 * src.nbytes / min(ctimes)
+    return {"peak_gflops": flops / 1e9, "peak_source": source, "bandwidth_gbs": bw / 1e9}
+
+
+def work_of(w: Workload) -> dict[str, float]:
+    """FLOPs of the computation and the bytes a perfectly fused kernel must move."""
+    from autofuse.schedule import block_nests
+
+    g = w.graph(True)
+    flops = 0.0
+    for op in g.ops:
+        for _, nest in block_nests(g.mod[op.func]):
+            spatial = math.prod(nest.spatial) if nest.spatial else 1
+            flops += 2.0 * spatial * math.prod(nest.reduce) if nest.reduce else spatial
+    nbytes = sum(4 * math.prod(t.shape) for t in g.inputs)  # activations
+    nbytes += sum(4 * math.prod(shape) for shape, _ in g.consts)  # parameters (folded)
+    nbytes += 4 * math.prod(g.ops[g.index()[g.output]].shape)  # output
+    return {"flops": flops, "bytes": float(nbytes)}
+
+
+# ------------------------------------------------------------------ timing
+def _time_python(fn: Callable[[], Any], min_ms: float, repeats: int) -> list[float]:
+    fn()
+    out = []
+    for _ in range(repeats):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            if (time.perf_counter() - t0) * 1e3 >= min_ms:
+                break
+        out.append((time.perf_counter() - t0) * 1e3 / n)
+    return out
+
+
+class _Runnable:
+    """One column, ready to check and time."""
+
+    def __init__(self, column: Column, timer: Callable[[int, float], list[float]], output: Callable[[], np.ndarray]):
+        self.column, self.timer, self.output = column, timer, output
+
+
+def _vm_runnable(name: str, ex: Any, w: Workload, fold: bool, target: Target, note: str = "") -> _Runnable:
+    acts, _ = w.check_data()
+    session = Session(ex, target)
+    inputs = w.runtime_inputs(fold, acts)
+    args = session.to_device(inputs)
+
+    def timer(repeats: int, min_ms: float) -> list[float]:
+        return session.time(inputs, TimingConfig(repeats=repeats, min_repeat_ms=int(min_ms), warmup=1))
+
+    return _Runnable(Column(name, note=note), timer, lambda: session(args))
+
+
+def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
+                   seed: int, include: tuple[str, ...]) -> tuple[list[_Runnable], dict[str, Any]]:
+    import tvm
+    from tvm import relax
+
+    from autofuse import metaschedule
+    from autofuse.build import build
+    from autofuse.peers import has_onnx, onnx_model, onnxruntime_session
+    from autofuse.relax_module import bind_params, space_to_relax
+
+    acts, expected = w.check_data()
+    cols: list[_Runnable] = []
+    extra: dict[str, Any] = {}
+
+    def guarded(name: str, make: Callable[[], _Runnable | None]) -> None:
+        if name not in include:
+            return
+        progress(f"{w.space.name}: preparing {name}")
+        try:
+            r = make()
+        except Exception as e:  # a peer that cannot run is reported, not fatal
+            r = _Runnable(Column(name, correct=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"),
+                          lambda *_: [], lambda: None)
+        if r is not None:
+            cols.append(r)
+
+    guarded("unfused", lambda: _vm_runnable("unfused", build(w.graph(True), w.reference_plan("unfused"), target), w, True, target))
+
+    def tvm_default() -> _Runnable:
+        mod = bind_params(space_to_relax(w.space), w.params)
+        ex = tvm.compile(mod, target.tvm(), relax_pipeline=relax.get_default_pipeline(target.tvm()))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        args = [tvm.runtime.tensor(acts[t.name]) for t in w.space.activations]
+        vm.save_function("main", "main_timed", *args)
+
+        def timer(repeats: int, min_ms: float) -> list[float]:
+            r = vm.time_evaluator("main_timed", tvm.cpu(), number=1, repeat=repeats, min_repeat_ms=int(min_ms))()
+            return [x * 1e3 for x in r.results]
+
+        return _Runnable(Column("tvm-default", note="FuseOps, no schedule"), timer, lambda: vm["main"](*args).numpy())
+
+    guarded("tvm-default", tvm_default)
+
+    def autofuse_col() -> _Runnable:
+        from autofuse.db import PlanDB
+        from autofuse.job import JobConfig, run_job
+        from autofuse.plan import Plan
+
+        db_url = f"sqlite:///{out_dir / 'bench.db'}"
+        cfg = JobConfig(space=w.space.name, target=target.spec_json, tiny=w.tiny, trials=None, timeout_s=budget_s,
+                        db_url=db_url, study=f"bench-{w.space.name}-{int(time.time())}", seed=seed,
+                        progress=False, log_dir=str(out_dir), final_rounds=2)
+        result = run_job(cfg)
+        extra["autofuse_job"] = result.as_dict()
+        extra["autofuse_curve"] = _autofuse_curve(db_url, result.study)
+        best = PlanDB(db_url, create=False, readonly=True).best_plan(w.hash, target.spec)
+        if best is None:
+            raise RuntimeError("autofuse found no verified plan in the budget")
+        plan = Plan.from_json(best.plan_json)
+        ex = build(w.graph(plan.fold_params), plan, target)
+        return _vm_runnable("autofuse", ex, w, plan.fold_params, target,
+                            note=f"plan {plan.hash}, {len(plan.groups)} kernels, {result.trials_this_job} trials")
+
+    def metaschedule_col() -> _Runnable:
+        work = out_dir / f"ms-{w.space.name}"
+        curve, info = metaschedule.tune(w.space.name, w.tiny, target, budget_s, work, seed=seed)
+        extra["metaschedule_curve"] = curve
+        extra["metaschedule"] = info
+        mod, tuned, total = metaschedule.apply_best(w.graph(True).mod, target, work)
+        ex = tvm.compile(mod, target.tvm())
+        return _vm_runnable("tvm-metaschedule", ex, w, True, target,
+                            note=f"{info['records']} records, {tuned}/{total} kernels tuned")
+
+    guarded("tvm-metaschedule", metaschedule_col)
+    guarded("autofuse", autofuse_col)
+
+    def ort_col() -> _Runnable | None:
+        if not has_onnx(w.space.name):
+            return None
+        sess = onnxruntime_session(onnx_model(w.space, w.params, expected.shape), num_threads())
+        feed = {k: v for k, v in acts.items()}
+        return _Runnable(Column("onnxruntime", note=f"{num_threads()} threads, ORT_ENABLE_ALL"),
+                         lambda r, m: _time_python(lambda: sess.run(None, feed), m, r),
+                         lambda: sess.run(None, feed)[0])
+
+    guarded("onnxruntime", ort_col)
+    ref_inputs = {**acts, **w.params}
+    guarded("numpy", lambda: _Runnable(Column("numpy", note="the reference (float64 where it casts)"),
+                                       lambda r, m: _time_python(lambda: w.space.reference(**ref_inputs), m, r),
+                                       lambda: w.space.reference(**ref_inputs)))
+    return cols, extra
+
+
+def _autofuse_curve(db_url: str, study_name: str) -> list[tuple[float, float]]:
+    """(seconds since the first trial started, best-so-far ms) from the study's trials."""
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=db_url)
+    trials = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
+    if not trials:
+        return []
+    t0 = min(t.datetime_start for t in trials)
+    best, curve = math.inf, []
+    for t in trials:
+        if t.state == optuna.trial.TrialState.COMPLETE and t.value < best:
+            best = t.value
+        if best < math.inf:
+            curve.append(((t.datetime_complete - t0).total_seconds(), best))
+    return curve
+
+
+def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False, rounds: int = 5,
+                repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0, peaks: dict[str, float] | None = None,
+                include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    w = get_workload(name, tiny)
+    _, expected = w.check_data()
+    runnables, extra = _build_columns(w, target, budget_s, out_dir, progress, seed, include)
+    for r in runnables:  # correctness first: a wrong column is reported, never timed
+        if r.column.error:
+            continue
+        try:
+            out = r.output()
+            out = np.asarray(out.numpy() if hasattr(out, "numpy") else out)
+            r.column.correct, err = compare(out, expected, w.space.rtol, w.space.atol)
+            if not r.column.correct:
+                r.column.error = f"wrong result (relative error {err:.3g})"
+        except Exception as e:
+            r.column.correct, r.column.error = False, f"{type(e).__name__}: {e}"
+    progress(f"{name}: timing {len(runnables)} columns, {rounds} interleaved rounds")
+    for _ in range(rounds):
+        for r in runnables:
+            if r.column.correct:
+                r.column.samples_ms.extend(r.timer(repeats, min_repeat_ms))
+    work = work_of(w)
+    result: dict[str, Any] = {"space": name, "tiny": tiny, "workload": w.hash, "budget_s": budget_s,
+                              "columns": {r.column.name: r.column.as_dict() for r in runnables}, **work, **extra}
+    if peaks:
+        floor_ms = max(work["flops"] / (peaks["peak_gflops"] * 1e9), work["bytes"] / (peaks["bandwidth_gbs"] * 1e9)) * 1e3
+        result["roofline_ms"] = floor_ms
+    af = result["columns"].get("autofuse", {}).get("median_ms")
+    if af:
+        result["ratios_vs_autofuse"] = {k: (c["median_ms"] / af if c["median_ms"] else None)
+                                        for k, c in result["columns"].items()}
+        if peaks:
+            result["autofuse_over_roofline"] = af / result["roofline_ms"]
+        curve = extra.get("autofuse_curve") or []
+        if curve:
+            final = curve[-1][1]
+            hit = next((t for t, v in curve if v <= final / 0.95), None)
+            result["autofuse_95pct_at_s"] = hit
+    return result
+
+
+def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False,
+              rounds: int = 5, repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0,
+              include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    import tvm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress("measuring machine peaks (SGEMM, copy)")
+    peaks = machine_peaks()
+    results = [bench_space(s, target, budget_s, out_dir, tiny=tiny, rounds=rounds, repeats=repeats,
+                           min_repeat_ms=min_repeat_ms, seed=seed, peaks=peaks, include=include, progress=progress)
+               for s in spaces]
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "target": target.spec, "threads": num_threads(),
+              "tvm_version": tvm.__version__, "peaks": peaks, "budget_s": budget_s, "rounds": rounds,
+              "repeats": repeats, "min_repeat_ms": min_repeat_ms, "spaces": results}
+    geo = {}
+    for col in COLUMNS:
+        ratios = [r.get("ratios_vs_autofuse", {}).get(col) for r in results]
+        ratios = [x for x in ratios if x]
+        if ratios:
+            geo[col] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    report["geomean_speedup_of_autofuse"] = geo
+    path = out_dir / "bench.json"
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".bench.", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(report, f, indent=1, default=float)
+    os.replace(tmp, path)
+    report["json"] = str(path)
+    report["charts"] = plot_bench(report, out_dir)
+    return report
+
+
+def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
+    """Speedup of autofuse over each peer per space; best-so-far vs wall time (autofuse vs MetaSchedule)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    spaces = [r["space"] for r in report["spaces"]]
+    peers = [c for c in COLUMNS if c != "autofuse"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(spaces)), 4))
+    width = 0.8 / len(peers)
+    for i, peer in enumerate(peers):
+        vals = [(r.get("ratios_vs_autofuse") or {}).get(peer) or 0 for r in report["spaces"]]
+        ax.bar([x + i * width for x in range(len(spaces))], vals, width, label=peer)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(spaces))], spaces, rotation=20, ha="right")
+    ax.set_ylabel("peer time / autofuse time (log)")
+    ax.set_title(f"autofuse speedup over peers ({report['date']}, budget {report['budget_s']:.0f} s)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = out_dir / "bench_speedup.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(str(p))
+
+    n = len(report["spaces"])
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), squeeze=False)
+    for ax, r in zip(axes[0], report["spaces"]):
+        for key, label in (("autofuse_curve", "autofuse (measured)"), ("metaschedule_curve", "MetaSchedule (sum of task bests)")):
+            curve = r.get(key) or []
+            if curve:
+                ax.step([t for t, _ in curve], [v for _, v in curve], where="post", label=label)
+        ax.set_title(r["space"], fontsize=9)
+        ax.set_xlabel("wall s")
+        ax.set_yscale("log")
+    axes[0][0].set_ylabel("best so far (ms)")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    p = out_dir / "bench_search.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(str(p))
+    return paths

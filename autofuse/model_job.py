@@ -1,0 +1,229 @@
+"""Whole-model tuning: tune every distinct region of a model, stitch, verify, store.
+
+1. The model (an ONNX file, see :mod:`autofuse.onnx_import`) is cut into regions
+   (:mod:`autofuse.regions`); equal regions are tuned once.
+2. Every region starts from its TVM default plan and, when the plan DB already has
+   a verified plan for its structural hash (from an earlier run or another model),
+   from that plan too (both enqueued).
+3. The rest of the trial budget goes, one trial at a time, to the region with the
+   highest Ansor-style priority: its share of the model's time (instances x best
+   latency) times how much it is still improving (best latency gained over its
+   last few trials), plus an optimistic term for regions tried little.
+4. The best verified plan of every region (from the DB: this run and earlier ones)
+   is stitched into one plan for the whole model, which is built as one Relax
+   module, checked against onnxruntime and timed next to the model's default plan;
+   both land in the DB as ``final`` measurements of the model's workload, which is
+   what ``deploy.load(db, "model.onnx")`` and ``autofuse export`` read.
+
+Every candidate runs in one isolated worker process (a crash costs one trial).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import optuna
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+import autofuse
+from autofuse.db import DEFAULT_URL, PlanDB
+from autofuse.measure import TimingConfig
+from autofuse.onnx_import import MODEL_PREFIX, parse_spec
+from autofuse.plan import Plan
+from autofuse.regions import RegionSet, model_regions, stitch
+from autofuse.runner import OK, IsolatedRunner
+from autofuse.search import PlanSpace, make_sampler
+from autofuse.target import host_fingerprint, parse_target
+from autofuse.workload import Workload, get_workload
+
+log = logging.getLogger("autofuse.model_job")
+
+
+@dataclass
+class ModelTuneConfig:
+    model: str  # model spec (onnx_import.model_spec)
+    target: str = "llvm"
+    trials: int | None = None  # total region trials this job (None: 4 per distinct region)
+    timeout_s: float | None = None
+    db_url: str = DEFAULT_URL
+    seed: int | None = 0
+    sampler: str = "tpe"
+    timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=20, warmup=1))
+    final_timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=50, warmup=2))
+    candidate_timeout_s: float = 300.0
+    mem_limit_mb: int | None = None
+    window: int = 3  # trials over which a region's improvement is measured
+
+
+def region_spec(model_spec: str, h: str) -> str:
+    path, shapes = parse_spec(model_spec)
+    return MODEL_PREFIX + json.dumps({"path": path, "shapes": {k: list(v) for k, v in shapes.items()}, "region": h},
+                                     sort_keys=True, separators=(",", ":"))
+
+
+def model_graph_json(w: Workload) -> str:
+    """The workload row of a model: its graph plus where it came from (so a name finds the file)."""
+    d = w.graph(False).to_json()
+    d["model_source"] = w.space.source
+    return json.dumps(d, sort_keys=True)
+
+
+def register_model(w: Workload, db_url: str) -> dict[str, Any]:
+    """Put the model and its distinct regions in the plan DB as workloads."""
+    rs = model_regions(w)
+    db = PlanDB(db_url)
+    try:
+        db.put_workload(w.hash, w.name, model_graph_json(w))
+        for h, rw in rs.workloads.items():
+            db.put_workload(rw.hash, rw.name, rw.graph_json())
+    finally:
+        db.close()
+    return {"workload": w.name, "hash": w.hash, "ops": len(w.graph(True).ops), "regions": len(rs.instances),
+            "distinct_regions": len(rs.distinct)}
+
+
+@dataclass
+class _RegionState:
+    h: str
+    w: Workload
+    count: int
+    study: optuna.Study
+    space: PlanSpace
+    queued: int = 0
+    trials: int = 0
+    best_ms: float | None = None
+    best_plan: Plan | None = None
+    history: list[float] = field(default_factory=list)  # best-so-far after each trial
+    default_ms: float | None = None
+
+    def priority(self, window: int, total_trials: int) -> float:
+        if self.queued:
+            return float("inf")
+        if self.best_ms is None:
+            return 1e9 - self.trials  # nothing worked yet: keep trying, least tried first
+        share = self.count * self.best_ms
+        if len(self.history) > window:
+            gain = (self.history[-window - 1] - self.history[-1]) / window  # backward gradient
+        else:
+            gain = self.best_ms  # too few trials to tell: assume it can still improve a lot
+        optimistic = self.best_ms / (self.trials + 1)
+        return self.count * (0.5 * gain + 0.5 * optimistic) + 1e-6 * share
+
+
+def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    w = get_workload(cfg.model)
+    rs = model_regions(w)
+    target = parse_target(cfg.target)
+    host = host_fingerprint()
+    reg = register_model(w, cfg.db_url)
+    db = PlanDB(cfg.db_url)
+    db.put_target(target.spec, host)
+    import tvm
+
+    study_name = f"{w.name}@{target.kind}-{w.hash[:8]}#regions"
+    states: list[_RegionState] = []
+    for i, (h, rw) in enumerate(rs.workloads.items()):
+        study = optuna.create_study(direction="minimize",
+                                    sampler=make_sampler(cfg.sampler, None if cfg.seed is None else cfg.seed + i))
+        st = _RegionState(h, rw, rs.count(h), study, PlanSpace(rw))
+        default = rw.reference_plan("default")
+        study.enqueue_trial(st.space.params_of(default), user_attrs={"label": "default"})
+        st.queued = 1
+        prev = db.best_plan(rw.hash, target.spec, host=host)
+        if prev is not None:
+            try:
+                plan = Plan.from_json(prev.plan_json)
+                if plan.hash != default.hash:
+                    study.enqueue_trial(st.space.params_of(plan), user_attrs={"label": "db-best"})
+                    st.queued += 1
+            except Exception as e:  # noqa: BLE001 - a stale stored plan is skipped, not fatal
+                log.warning("region %s: stored best plan not usable: %s", h, e)
+        states.append(st)
+    budget = cfg.trials if cfg.trials is not None else 4 * len(states)
+    deadline = None if cfg.timeout_s is None else time.time() + cfg.timeout_s
+    timing = asdict(cfg.timing)
+    done = 0
+
+    def estimate(attr: str = "best_ms") -> float | None:
+        vals = [(s.count, getattr(s, attr)) for s in states]
+        return None if any(v is None for _, v in vals) else sum(c * v for c, v in vals)
+
+    with IsolatedRunner(cfg.candidate_timeout_s, cfg.mem_limit_mb) as runner:
+        while done < budget and (deadline is None or time.time() < deadline):
+            st = max(states, key=lambda s: s.priority(cfg.window, done))
+            trial = st.study.ask()
+            label = trial.user_attrs.get("label", "tuned")
+            if st.queued:
+                st.queued -= 1
+            plan, _ = st.space.suggest(trial)
+            res = runner.run({"space": region_spec(cfg.model, st.h), "plan": plan.to_json(),
+                              "target": target.spec_json, "timing": timing})
+            ok = res["status"] == OK
+            plan_id = db.put_plan(st.w.hash, target.spec, host, plan.hash, plan.to_json(), label)
+            db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"),
+                               max_ms=res.get("max_ms"), std_ms=res.get("std_ms"), repeats=res.get("repeats") or 0,
+                               correct=ok, max_rel_err=_finite(res.get("max_rel_err")), error=res.get("error"),
+                               kind="trial", tvm_version=tvm.__version__, autofuse_version=autofuse.__version__,
+                               study=study_name, trial_number=done)
+            if ok:
+                st.study.tell(trial, float(res["median_ms"]))
+                if st.best_ms is None or res["median_ms"] < st.best_ms:
+                    st.best_ms, st.best_plan = float(res["median_ms"]), plan
+                if label == "default":
+                    st.default_ms = float(res["median_ms"])
+            else:
+                st.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            st.trials += 1
+            done += 1
+            if st.best_ms is not None:
+                st.history.append(st.best_ms)
+            info = {"trial": done, "budget": budget, "region": st.h, "region_index": states.index(st) + 1,
+                    "regions": len(states), "instances": st.count, "label": label, "status": res["status"],
+                    "ms": res.get("median_ms"), "region_best_ms": st.best_ms, "error": res.get("error"),
+                    "model_estimate_ms": estimate(), "model_default_estimate_ms": estimate("default_ms"),
+                    "regions_untried": sum(s.trials == 0 for s in states)}
+            log.info("model tune %s", json.dumps(info, default=str))
+            if progress:
+                progress(info)
+
+        # ---- stitch the best verified plan of every region (DB: this run and earlier ones)
+        plans: dict[str, Plan] = {}
+        for st in states:
+            best = db.best_plan(st.w.hash, target.spec, host=host)
+            if best is not None:
+                plans[st.h] = Plan.from_json(best.plan_json)
+        stitched = stitch(rs, plans)
+        final = {}
+        for label, plan in (("default", w.reference_plan("default")), ("stitched", stitched)):
+            res = runner.run({"space": cfg.model, "plan": plan.to_json(), "target": target.spec_json,
+                              "timing": asdict(cfg.final_timing)})
+            ok = res["status"] == OK
+            plan_id = db.put_plan(w.hash, target.spec, host, plan.hash, plan.to_json(), label)
+            db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"),
+                               max_ms=res.get("max_ms"), std_ms=res.get("std_ms"), repeats=res.get("repeats") or 0,
+                               correct=ok, max_rel_err=_finite(res.get("max_rel_err")), error=res.get("error"),
+                               kind="final", tvm_version=tvm.__version__, autofuse_version=autofuse.__version__,
+                               study=study_name)
+            final[label] = {"plan_hash": plan.hash, "groups": len(plan.groups), "status": res["status"],
+                            "median_ms": res.get("median_ms"), "max_rel_err": res.get("max_rel_err"),
+                            "error": res.get("error")}
+    db.close()
+    d, s = final["default"].get("median_ms"), final["stitched"].get("median_ms")
+    return {
+        **reg, "study": study_name, "target": target.spec, "trials": done, "budget": budget,
+        "wall_s": time.perf_counter() - t_start,
+        "regions_detail": [{"hash": st.h, "instances": st.count, "ops": len(st.w.graph(True).ops), "trials": st.trials,
+                            "default_ms": st.default_ms, "best_ms": st.best_ms} for st in states],
+        "estimate_ms": estimate(), "default_estimate_ms": estimate("default_ms"),
+        "final": final, "speedup_vs_default": (d / s) if d and s else None,
+    }
+
+
+def _finite(x: Any) -> float | None:
+    return None if x is None or x != x or x in (float("inf"), float("-inf")) else float(x)
