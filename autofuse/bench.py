@@ -144,7 +144,7 @@ def _vm_runnable(name: str, ex: Any, w: Workload, fold: bool, target: Target, no
 
 
 def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
-                   seed: int, include: tuple[str, ...]) -> tuple[list[_Runnable], dict[str, Any]]:
+                   seed: int, include: tuple[str, ...], compare_random: bool = False) -> tuple[list[_Runnable], dict[str, Any]]:
     import tvm
     from tvm import relax
 
@@ -198,6 +198,12 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
         result = run_job(cfg)
         extra["autofuse_job"] = result.as_dict()
         extra["autofuse_curve"] = _autofuse_curve(db_url, result.study)
+        if compare_random:  # the same budget with random sampling: is the guided search earning its keep?
+            rcfg = JobConfig(**{**cfg.__dict__, "study": cfg.study + "-random", "sampler": "random", "top_k": 1,
+                                "final_rounds": 1})
+            rres = run_job(rcfg)
+            extra["random_curve"] = _autofuse_curve(db_url, rres.study)
+            extra["random_job"] = {"trials": rres.trials_this_job, "best": rres.best}
         best = PlanDB(db_url, create=False, readonly=True).best_plan(w.hash, target.spec)
         if best is None:
             raise RuntimeError("autofuse found no verified plan in the budget")
@@ -256,10 +262,11 @@ def _autofuse_curve(db_url: str, study_name: str) -> list[tuple[float, float]]:
 
 def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False, rounds: int = 5,
                 repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0, peaks: dict[str, float] | None = None,
-                include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+                include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None,
+                compare_random: bool = False) -> dict[str, Any]:
     w = get_workload(name, tiny)
     _, expected = w.check_data()
-    runnables, extra = _build_columns(w, target, budget_s, out_dir, progress, seed, include)
+    runnables, extra = _build_columns(w, target, budget_s, out_dir, progress, seed, include, compare_random)
     for r in runnables:  # correctness first: a wrong column is reported, never timed
         if r.column.error:
             continue
@@ -298,14 +305,16 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
 
 def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False,
               rounds: int = 5, repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0,
-              include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+              include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None,
+              compare_random: bool = False) -> dict[str, Any]:
     import tvm
 
     out_dir.mkdir(parents=True, exist_ok=True)
     progress("measuring machine peaks (SGEMM, copy)")
     peaks = machine_peaks()
     results = [bench_space(s, target, budget_s, out_dir, tiny=tiny, rounds=rounds, repeats=repeats,
-                           min_repeat_ms=min_repeat_ms, seed=seed, peaks=peaks, include=include, progress=progress)
+                           min_repeat_ms=min_repeat_ms, seed=seed, peaks=peaks, include=include, progress=progress,
+                           compare_random=compare_random)
                for s in spaces]
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "target": target.spec, "threads": num_threads(),
               "tvm_version": tvm.__version__, "peaks": peaks, "budget_s": budget_s, "rounds": rounds,
@@ -357,7 +366,8 @@ def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
     n = len(report["spaces"])
     fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), squeeze=False)
     for ax, r in zip(axes[0], report["spaces"]):
-        for key, label in (("autofuse_curve", "autofuse (measured)"), ("metaschedule_curve", "MetaSchedule (sum of task bests)")):
+        for key, label in (("autofuse_curve", "autofuse TPE (measured)"), ("random_curve", "autofuse random (measured)"),
+                           ("metaschedule_curve", "MetaSchedule (sum of task bests)")):
             curve = r.get(key) or []
             if curve:
                 ax.step([t for t, _ in curve], [v for _, v in curve], where="post", label=label)

@@ -343,10 +343,11 @@ class _tune_progress:
 @click.option("--columns", default=",".join(["unfused", "tvm-default", "tvm-metaschedule", "onnxruntime", "numpy", "autofuse"]),
               show_default=True, help="Which columns to run (comma-separated).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--compare-random", is_flag=True, help="Also run random search with the same budget (search-efficiency chart).")
 @tiny_option
 @json_option
 def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: str, rounds: int, repeats: int,
-          min_repeat_ms: int, columns: str, seed: int, tiny: bool, as_json: bool) -> None:
+          min_repeat_ms: int, columns: str, seed: int, compare_random: bool, tiny: bool, as_json: bool) -> None:
     """autofuse's best plan vs unfused, TVM (default, MetaSchedule), onnxruntime, NumPy and the roofline."""
     from pathlib import Path
 
@@ -373,7 +374,7 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     console = _console()
     say = (lambda s: None) if as_json else (lambda s: console.print(f"[dim]{s}[/]"))
     report = run_bench(names, target, budget, Path(out_dir), tiny=tiny, rounds=rounds, repeats=repeats,
-                       min_repeat_ms=min_repeat_ms, seed=seed, include=cols, progress=say)
+                       min_repeat_ms=min_repeat_ms, seed=seed, include=cols, progress=say, compare_random=compare_random)
 
     def render() -> None:
         from rich.table import Table
@@ -413,6 +414,8 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
 
 from autofuse.cli_db import register as _register_db_commands  # noqa: E402
 _register_db_commands(main)
+from autofuse.cli_model import register as _register_model_commands  # noqa: E402
+_register_model_commands(main)
 
 if __name__ == "__main__":
     main()

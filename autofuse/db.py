@@ -449,6 +449,7 @@ class PlanDB:
             return  # empty file == empty SQLite database
         uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
         deadline = time.monotonic() + BUSY_TIMEOUT_S
+        io_deadline = time.monotonic() + 5.0
         while True:
             try:
                 con = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
@@ -460,7 +461,10 @@ class PlanDB:
                     con.close()
                 return
             except sqlite3.Error as e:
-                if _is_locked(e) and time.monotonic() < deadline:
+                # "disk I/O error": a read-only open racing another process that is creating
+                # or removing the WAL/shm files as it opens/closes the database; transient.
+                transient = _is_locked(e) or ("disk i/o error" in str(e).lower() and time.monotonic() < io_deadline)
+                if transient and time.monotonic() < deadline:
                     time.sleep(0.05 + random.random() * 0.1)
                     continue
                 raise DBError(f"{path} is not a valid autofuse database: {e}") from None

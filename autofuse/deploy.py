@@ -251,6 +251,9 @@ def load(
 ) -> Model:
     """Build the best verified plan of space ``name`` on ``target`` from the DB at ``url``.
 
+    ``name`` may also be an ONNX model file or the name it was registered under
+    (``autofuse import``/``autofuse tune model.onnx``): the plan is the whole-model plan.
+
     ``params``: parameter values to bind (default: the space's own); they do not change
     the workload, so the tuned plan applies.  Raises :class:`DeployError` when no
     verified plan exists (or, with ``strict``, when it is stale); an unknown space
@@ -258,13 +261,14 @@ def load(
     """
     from autofuse.build import BuildError, build
     from autofuse.schedule import ScheduleRejected
-    from autofuse.space import load_space
+    from autofuse.onnx_import import resolve_space
     from autofuse.workload import Workload
 
     if not name:
         raise DeployError("no workload name given")
     tgt = target if isinstance(target, Target) else parse_target(target)
-    w = Workload(load_space(name, tiny), tiny, dict(params) if params else None)
+    # a space name, an ONNX model path ("model.onnx") or the name a model was registered under
+    w = Workload(resolve_space(name, tiny, url), tiny, dict(params) if params else None)
     try:
         db = PlanDB(url, create=False, readonly=True)
     except DBError as e:

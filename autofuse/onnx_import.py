@@ -139,9 +139,12 @@ def input_shapes(model: Any, shapes: dict[str, tuple[int, ...]] | None, path: st
 
 
 # --------------------------------------------------------------------------- model spec
-def model_spec(path: str | Path, shapes: dict[str, Any] | None = None) -> str:
+def model_spec(path: str | Path, shapes: dict[str, Any] | None = None, name: str | None = None) -> str:
     """The plain-data identity of a model workload (what a worker process rebuilds it from)."""
-    d = {"path": str(Path(path).resolve()), "shapes": {k: [int(x) for x in v] for k, v in sorted((shapes or {}).items())}}
+    d: dict[str, Any] = {"path": str(Path(path).resolve()),
+                         "shapes": {k: [int(x) for x in v] for k, v in sorted((shapes or {}).items())}}
+    if name:
+        d["name"] = name
     return MODEL_PREFIX + json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
@@ -171,7 +174,7 @@ def parse_shape_options(items: tuple[str, ...] | list[str]) -> dict[str, tuple[i
 # --------------------------------------------------------------------------- the space
 def model_space_from_spec(spec: str) -> Space:
     path, shapes = parse_spec(spec)
-    return model_space(path, tuple(sorted(shapes.items())))
+    return model_space(path, tuple(sorted(shapes.items())), json.loads(spec[len(MODEL_PREFIX):]).get("name"))
 
 
 @cache
@@ -266,3 +269,47 @@ def _first_line(e: BaseException) -> str:
 def _last_line(e: BaseException) -> str:
     lines = [l for l in str(e).strip().splitlines() if l.strip()]
     return lines[-1][:300] if lines else type(e).__name__
+
+
+# --------------------------------------------------------------------------- by name
+def registered_model(db_url: str, name: str) -> tuple[str, dict[str, tuple[int, ...]]] | None:
+    """(path, shapes) of a model registered under ``name`` by ``autofuse import``/``tune`` (None: not one)."""
+    from sqlalchemy import select
+
+    from autofuse.db import DBError, PlanDB, af_workloads
+
+    try:
+        db = PlanDB(db_url, create=False, readonly=True)
+    except DBError:
+        return None
+    try:
+        with db.engine.connect() as c:
+            rows = c.execute(select(af_workloads.c.graph_json).where(af_workloads.c.name == name)).fetchall()
+    finally:
+        db.close()
+    for (text,) in reversed(rows):
+        try:
+            src = json.loads(text).get("model_source")
+        except ValueError:
+            continue
+        if src:
+            return src["path"], {k: tuple(v) for k, v in src.get("shapes", {}).items()}
+    return None
+
+
+def resolve_space(name: str, tiny: bool = False, db_url: str | None = None) -> Space:
+    """A space by name, an ONNX model by path or spec, or a model registered in the DB by name."""
+    from autofuse.space import load_space
+
+    if name.startswith(MODEL_PREFIX):
+        return model_space_from_spec(name)
+    if name.endswith(".onnx"):
+        return model_space(str(Path(name).resolve()))
+    try:
+        return load_space(name, tiny)
+    except SpaceError:
+        found = registered_model(db_url, name) if db_url else None
+        if found is None:
+            raise
+        path, shapes = found
+        return model_space(path, tuple(sorted(shapes.items())), name)

@@ -82,7 +82,17 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         corrupt = _maybe_inject_fault(task.get("inject"))
-        w = get_workload(task["space"], task.get("tiny", False))
+        if "model" in task:  # {"model": "/abs/model.onnx", "shapes": {...}, "region": hash?}
+            import json as _json
+
+            from autofuse.onnx_import import MODEL_PREFIX
+
+            spec = {"path": task["model"], "shapes": task.get("shapes") or {}}
+            if task.get("region"):
+                spec["region"] = task["region"]
+            w = get_workload(MODEL_PREFIX + _json.dumps(spec, sort_keys=True, separators=(",", ":")))
+        else:
+            w = get_workload(task["space"], task.get("tiny", False))
         plan = Plan.from_json(task["plan"])
         target = parse_target(task["target"])
         cfg = TimingConfig(**task.get("timing", {}))
