@@ -53,6 +53,7 @@ def read_model(path: str | Path) -> Any:
     if not model.graph.node:
         raise ModelError(f"{path} is not a valid ONNX model (no graph nodes; truncated or not ONNX?)")
     model = materialize_weights(model)
+    check_ops(model, str(path))
     try:
         onnx.checker.check_model(model)
     except Exception as e:

@@ -6,23 +6,14 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from tvm import relax
 
+from autofuse.nn_ref import batch_norm_nchw as _bn, bn_params as _bn_params
 from autofuse.space import Space, Tensor
 
 EPS = 1e-5
 
 
-def _bn(y, gamma, beta, mean, var):
-    c = (slice(None), None, None)
-    return (y - mean[c]) / np.sqrt(var[c].astype(np.float64) + EPS) * gamma[c] + beta[c]
 
 
-def _bn_params(prefix: str, c: int) -> tuple[Tensor, ...]:
-    return (
-        Tensor(f"{prefix}_gamma", (c,), init="positive"),
-        Tensor(f"{prefix}_beta", (c,), scale=0.1),
-        Tensor(f"{prefix}_mean", (c,), scale=0.1),
-        Tensor(f"{prefix}_var", (c,), init="positive"),
-    )
 
 
 def define(tiny: bool = False) -> Space:

@@ -3,32 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 from tvm import relax
 
+from autofuse.nn_ref import conv3x3_pad1 as _conv3x3_pad1, batch_norm_nchw as _bn, bn_params as _bn_params
 from autofuse.space import Space, Tensor
 
 EPS = 1e-5
 
 
-def _conv3x3_pad1(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    win = sliding_window_view(xp, (3, 3), axis=(2, 3))  # n, c, h, w, kh, kw
-    return np.einsum("nchwij,ocij->nohw", win, w.astype(np.float64), optimize=True)
 
 
-def _bn(y, gamma, beta, mean, var):
-    c = (slice(None), None, None)
-    return (y - mean[c]) / np.sqrt(var[c].astype(np.float64) + EPS) * gamma[c] + beta[c]
 
 
-def _bn_params(prefix: str, c: int) -> tuple[Tensor, ...]:
-    return (
-        Tensor(f"{prefix}_gamma", (c,), init="positive"),
-        Tensor(f"{prefix}_beta", (c,), scale=0.1),
-        Tensor(f"{prefix}_mean", (c,), scale=0.1),
-        Tensor(f"{prefix}_var", (c,), init="positive"),
-    )
 
 
 def define(tiny: bool = False) -> Space:

@@ -1,0 +1,135 @@
+"""Real models: ONNX import, regions, whole-model tune + export (autofuse.onnx_import/regions/model_job).
+
+The three test models in tests/models/ were exported from torchvision / torch.nn code by
+benchmarks/make_test_models.py with their weights stripped; autofuse regenerates seeded weights on
+load.  Every comparison is against onnxruntime with rtol=1e-3 and atol=1e-3*max|reference|
+(the model spaces' tolerances; what ``evaluate_plan``/``measure`` check).
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from helpers import assert_clean_error, cli
+from autofuse.measure import QUICK
+from autofuse.onnx_import import model_spec
+from autofuse.runner import evaluate_plan
+from autofuse.target import parse_target
+from autofuse.workload import get_workload
+
+MODELS = Path(__file__).resolve().parent / "models"
+LLVM = parse_target("llvm")
+
+
+def _w(name: str):
+    return get_workload(model_spec(MODELS / f"{name}.onnx"))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "transformer_encoder"])
+def test_import_default_plan_matches_onnxruntime(name):
+    w = _w(name)
+    assert (MODELS / f"{name}.onnx").stat().st_size < 1 << 20
+    res = evaluate_plan(w, w.reference_plan("default"), LLVM, QUICK)
+    assert res["status"] == "ok", res
+    assert res["max_rel_err"] < 1e-3
+
+
+def _helper_model(path: Path, nodes, inputs, output, inits=()):
+    g = helper.make_graph(nodes, "g", inputs, [output], initializer=list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, str(path))
+    return path
+
+
+def test_split_concat_and_pooling_ops_import(tmp_path):
+    """Tuple outputs (Split) and a few ops the three models lack: Split, Sigmoid, Tanh, Clip, AveragePool, ReduceMean."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 1])
+    nodes = [
+        helper.make_node("Split", ["x"], ["a", "b"], axis=1, num_outputs=2, name="split0"),
+        helper.make_node("Sigmoid", ["a"], ["a2"]), helper.make_node("Tanh", ["b"], ["b2"]),
+        helper.make_node("Concat", ["a2", "b2"], ["c"], axis=1),
+        helper.make_node("Clip", ["c", "lo", "hi"], ["d"]),
+        helper.make_node("AveragePool", ["d"], ["e"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("ReduceMean", ["e", "axes"], ["y"], keepdims=1),
+    ]
+    inits = [helper.make_tensor("lo", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("hi", TensorProto.FLOAT, [], [0.6]),
+             helper.make_tensor("axes", TensorProto.INT64, [1], [3])]
+    p = _helper_model(tmp_path / "split.onnx", nodes, [x], y, inits)
+    w = get_workload(model_spec(p))
+    res = evaluate_plan(w, w.reference_plan("default"), LLVM, QUICK)
+    assert res["status"] == "ok", res
+
+
+def test_regions_dedup_resnet_and_stitch_default():
+    from autofuse.regions import model_regions, stitch
+
+    w = _w("resnet18")
+    rs = model_regions(w)
+    assert len(rs.distinct) < len(rs.instances)  # repeated BasicBlocks are tuned once
+    assert max(rs.count(h) for h in rs.distinct) >= 2
+    covered = sorted(i for r in rs.instances for i in r.ops)
+    assert covered == list(range(len(w.graph(True).ops)))
+    plan = stitch(rs, {})
+    assert sorted(o for g in plan.groups for o in g) == sorted(op.name for op in w.graph(True).ops)
+
+
+def test_tiny_whole_model_tune_export_load(tmp_path):
+    """1 trial per region, stitch, verify vs onnxruntime, deploy.load by file, export, load_library."""
+    from autofuse import deploy
+    from autofuse.model_job import ModelTuneConfig, tune_model
+    from autofuse.regions import model_regions
+
+    path = MODELS / "transformer_encoder.onnx"
+    spec = model_spec(path)
+    w = get_workload(spec)
+    n = len(model_regions(w).distinct)
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    res = tune_model(ModelTuneConfig(spec, db_url=url, trials=n, timing=QUICK, final_timing=QUICK))
+    assert res["trials"] == n and all(r["trials"] == 1 for r in res["regions_detail"])
+    assert res["final"]["stitched"]["status"] == "ok", res["final"]
+    acts, expected = w.check_data()
+    model = deploy.load(url, str(path), target="llvm")
+    tol = w.space.atol + w.space.rtol * np.abs(expected)
+    assert np.all(np.abs(model(**acts) - expected) <= tol)
+    lib = model.export(tmp_path / "enc.so")
+    again = deploy.load_library(lib)
+    assert np.all(np.abs(again(**acts) - expected) <= tol)
+
+
+def test_cli_import_then_tune_and_export_by_name(tmp_path):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    model = str(MODELS / "transformer_encoder.onnx")
+    r = cli("import", model, "--name", "enc", "--db", db, "--json")
+    assert r.returncode == 0, r.stderr
+    assert '"distinct_regions"' in r.stdout
+    r = cli("tune", "enc", "--db", db, "--trials", "3", "--repeats", "1", "--min-repeat-ms", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    r = cli("export", "enc", "--target", "llvm", "--db", db, "-o", str(tmp_path / "enc.so"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "enc.so").is_file()
+
+
+def test_cli_errors_are_one_line_exit_2(tmp_path):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x08\x07garbage, not a protobuf \xff\xfe" * 3)
+    assert_clean_error(cli("import", str(garbage)), 2, "not a valid ONNX model")
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes((MODELS / "resnet18.onnx").read_bytes()[:5000])
+    assert_clean_error(cli("import", str(truncated)), 2, "not a valid ONNX model")
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    p = _helper_model(tmp_path / "det.onnx", [helper.make_node("Det", ["x"], ["y"], name="det0")], [x], y)
+    assert_clean_error(cli("import", str(p)), 2, "unsupported ONNX op Det", "det0")
+
+    xs = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    ys = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+    p = _helper_model(tmp_path / "sym.onnx", [helper.make_node("Relu", ["x"], ["y"])], [xs], ys)
+    assert_clean_error(cli("import", str(p)), 2, "symbolic dim 'batch'", "--shape")
+    r = cli("import", str(p), "--shape", "x=2,8", "--db", f"sqlite:///{tmp_path / 's.db'}")
+    assert r.returncode == 0, r.stderr
