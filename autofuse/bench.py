@@ -333,6 +333,7 @@ def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path,
     os.replace(tmp, path)
     report["json"] = str(path)
     report["charts"] = plot_bench(report, out_dir)
+    (out_dir / "bench.md").write_text(markdown_report(report))
     return report
 
 
@@ -382,3 +383,42 @@ def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
     plt.close(fig)
     paths.append(str(p))
     return paths
+
+
+def markdown_report(report: dict[str, Any], command: str = "") -> str:
+    """The bench as a markdown table (what results/README.md shows)."""
+    cols = [c for c in COLUMNS if any(c in r["columns"] for r in report["spaces"])]
+    lines = [f"Measured {report['date']} on this machine ({report['threads']} threads, TVM {report['tvm_version']}), "
+             f"tuning budget {report['budget_s']:.0f} s per space for autofuse and MetaSchedule alike; "
+             f"{report['rounds']} interleaved rounds x {report['repeats']} repeats, median (spread = max-min) in ms.",
+             f"Peaks measured by the same command: {report['peaks']['peak_gflops']:.0f} GFLOP/s "
+             f"({report['peaks'].get('peak_source', 'numpy')} SGEMM 2048^3), {report['peaks']['bandwidth_gbs']:.1f} GB/s (copy).", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    lines.append("| space | " + " | ".join(cols) + " | roofline | autofuse/roofline | trials | 95% of best at |")
+    lines.append("|---" * (len(cols) + 5) + "|")
+    for r in report["spaces"]:
+        row = [r["space"]]
+        for c in cols:
+            col = r["columns"].get(c)
+            if not col:
+                row.append("n/a")
+            elif col["median_ms"] is None:
+                row.append(f"failed: {(col['error'] or '')[:50]}")
+            else:
+                ratio = (r.get("ratios_vs_autofuse") or {}).get(c)
+                cell = f"{col['median_ms']:.3f} (±{col['spread_ms']:.3f})"
+                if ratio and c != "autofuse":
+                    cell += f" **{ratio:.2f}x**"
+                row.append(cell)
+        row.append(f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "")
+        row.append(f"{r['autofuse_over_roofline']:.2f}x" if r.get("autofuse_over_roofline") else "")
+        job = r.get("autofuse_job") or {}
+        row.append(str(job.get("trials_this_job", "")))
+        at = r.get("autofuse_95pct_at_s")
+        row.append(f"{at:.0f} s" if at is not None else "")
+        lines.append("| " + " | ".join(row) + " |")
+    geo = report.get("geomean_speedup_of_autofuse", {})
+    lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
+              + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items() if k != "autofuse") + "."]
+    return "\n".join(lines) + "\n"

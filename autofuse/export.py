@@ -35,7 +35,11 @@ def export_library(executable: tvm.runtime.Executable, path: str | os.PathLike, 
 
 def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:  # e.g. disk full: no half-written temp file left next to the library
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -89,12 +89,36 @@ def parse_duration(text: str) -> float:
 
 
 def storage_for(cfg: JobConfig) -> optuna.storages.RDBStorage:
-    return optuna.storages.RDBStorage(
+    storage = optuna.storages.RDBStorage(
         cfg.db_url,
         engine_kwargs={"connect_args": {"timeout": 60}} if cfg.db_url.startswith("sqlite") else None,
         heartbeat_interval=cfg.heartbeat_s,
         grace_period=2 * cfg.heartbeat_s,
     )
+    if cfg.db_url.startswith("sqlite"):
+        _begin_immediate(storage.engine)
+    return storage
+
+
+def _begin_immediate(engine: Any) -> None:
+    """Optuna's SQLite transactions start as ``BEGIN IMMEDIATE`` (as the plan DB's writes do).
+
+    pysqlite's deferred BEGIN makes a transaction that read first and then writes
+    upgrade its lock; with several workers that upgrade fails at once with
+    "database is locked" (no busy wait in WAL mode), which Optuna raises as
+    StorageInternalError and the worker died.  Taking the write lock up front
+    makes every transaction wait its turn (busy timeout 60 s) instead."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_con: Any, _record: Any) -> None:
+        dbapi_con.isolation_level = None  # SQLAlchemy's recipe: we emit BEGIN ourselves
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections made while Optuna set up its tables get the hooks too
 
 
 class _StopFlag:

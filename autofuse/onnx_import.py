@@ -193,6 +193,10 @@ def model_space(path: str, shapes: tuple = (), name: str | None = None) -> Space
         mod = from_onnx(model, shape_dict={k: list(v) for k, v in shape_dict.items()}, keep_params_in_input=True)
     except Exception as e:  # the frontend raises many kinds
         raise ModelError(f"{path}: ONNX import failed: {_last_line(e)}") from None
+    try:
+        mod = split_to_slices(mod)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"{path}: rewriting Split failed: {_last_line(e)}") from None
     main = mod["main"]
     num_input = int(main.attrs["num_input"])
     values = list(main.attrs["params"]) if "params" in main.attrs else []
@@ -314,3 +318,41 @@ def resolve_space(name: str, tiny: bool = False, db_url: str | None = None) -> S
             raise
         path, shapes = found
         return model_space(path, tuple(sorted(shapes.items())), name)
+
+
+def split_to_slices(mod: Any) -> Any:
+    """``split(x)[i]`` -> ``strided_slice(x, ...)``: autofuse's graph has one tensor per op, and a
+    Split's tuple output would otherwise be an opaque tuple binding."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    split_op = tvm.ir.Op.get("relax.split")
+
+    @mutator
+    class _Rewrite(PyExprMutator):
+        def visit_tuple_getitem_(self, op):  # noqa: N802 - TVM's visitor name
+            new = super().visit_tuple_getitem_(op)
+            tup = new.tuple_value
+            call = self.lookup_binding(tup) if isinstance(tup, relax.Var) else tup
+            if not (isinstance(call, relax.Call) and call.op.same_as(split_op)):
+                return new
+            x = call.args[0]
+            axis = int(call.attrs.axis)
+            shape = [int(d) for d in x.ty.shape.values]
+            axis = axis % len(shape)
+            ios = call.attrs.indices_or_sections
+            if isinstance(ios, (int, tvm.tirx.IntImm)):
+                n = int(ios)
+                bounds = [shape[axis] * k // n for k in range(n + 1)]
+            else:
+                bounds = [0] + [int(i) for i in ios] + [shape[axis]]
+            i = int(new.index)
+            return relax.op.strided_slice(x, axes=[axis], begin=[bounds[i]], end=[bounds[i + 1]])
+
+    rw = _Rewrite()
+    out = tvm.IRModule(dict(mod.functions))
+    for gv, f in mod.functions.items():
+        if isinstance(f, relax.Function):
+            out[gv] = rw.visit_expr(f)
+    return tvm.transform.Sequential([relax.transform.Normalize(), relax.transform.DeadCodeElimination()])(out)

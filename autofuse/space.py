@@ -87,7 +87,8 @@ class Space:
         if len(set(names)) != len(names):
             raise SpaceError(f"space {self.name!r}: duplicate input names {names}")
         for t in self.inputs:
-            if not t.shape or any(int(d) <= 0 for d in t.shape):
+            # parameters may be scalars (ONNX models have scalar initializers: Clip bounds, eps, ...)
+            if (not t.shape and t not in self.params) or any(int(d) <= 0 for d in t.shape):
                 raise SpaceError(f"space {self.name!r}: input {t.name!r} has a bad shape {t.shape}")
 
     @property

@@ -655,7 +655,7 @@ tensor_args = st.tuples(st.one_of(st.text(max_size=4), st.integers(), st.none())
                         st.one_of(st.lists(dim, max_size=4).map(tuple), dim, st.just(())))
 
 
-@pytest.mark.xfail(strict=True, raises=(TypeError, ValueError), reason=(
+@pytest.mark.xfail(strict=True, reason=(
     "defect in autofuse/space.py (not a hardening-owned file; another engineer is editing it): "
     "Space.__post_init__ runs int(d) on each dim and iterates the shape unchecked, so a shape like 1, ':' "
     "or None raises TypeError/ValueError instead of SpaceError; names are not checked to be non-empty strings"))
@@ -764,12 +764,6 @@ def test_plan_for_a_changed_graph_is_never_applied(tmp_path):
 
 # --------------------------------------------------------------------------- 6. security
 SRC = ROOT / "autofuse"
-# justified occurrences: (file, regex on the line)
-ALLOWED = [
-    ("space.py", r"spec\.loader\.exec_module\(module\)"),  # importing a user's space *file* (code, by design)
-]
-
-
 def _source_lines():
     for path in sorted(SRC.rglob("*.py")):
         for no, line in enumerate(path.read_text().splitlines(), 1):
@@ -777,19 +771,49 @@ def _source_lines():
             yield path, no, line, code
 
 
+def _calls_and_imports():
+    """(file, line, description) of every import and call in autofuse/ (AST: strings and comments don't count)."""
+    import ast
+
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    yield path, node.lineno, f"import {a.name}", node
+            elif isinstance(node, ast.ImportFrom):
+                yield path, node.lineno, f"import {node.module}", node
+            elif isinstance(node, ast.Call):
+                yield path, node.lineno, "call " + ast.unparse(node.func), node
+
+
+UNSAFE_MODULES = {"pickle", "cPickle", "dill", "shelve", "marshal", "jsonpickle", "cloudpickle", "joblib"}
+# justified occurrences: (file name, description)
+ALLOWED_CALLS = {
+    ("space.py", "call spec.loader.exec_module"),  # imports a user's space *file*: code by design, never DB/plan data
+}
+
+
 def test_no_pickle_eval_or_exec_of_data():
+    import ast
+
     bad = []
-    pat = re.compile(r"\b(pickle|cPickle|dill|shelve|marshal|jsonpickle)\b|(?<![\w.])(eval|exec)\s*\(|"
-                     r"yaml\.load\(|allow_pickle\s*=\s*True|torch\.load\(|np\.load\((?!.*allow_pickle=False)")
-    for path, no, line, code in _source_lines():
-        if not pat.search(code):
-            continue
-        if any(path.name == f and re.search(rx, code) for f, rx in ALLOWED):
-            continue
-        if re.search(r"""["'][^"']*\b(pickle)\b[^"']*["']""", code) and "import" not in code:
-            continue  # the word inside a message/docstring, not a use
-        bad.append(f"{path.relative_to(ROOT)}:{no}: {line.strip()}")
-    assert not bad, "\n".join(bad)
+    for path, line, what, node in _calls_and_imports():
+        name = what.split(" ", 1)[1]
+        if what.startswith("import") and name and name.split(".")[0] in UNSAFE_MODULES:
+            bad.append((path.name, line, what))
+        elif what.startswith("call"):
+            last = name.rsplit(".", 1)[-1]
+            unsafe = last in ("eval", "exec", "compile") and name in ("eval", "exec", "compile", "builtins.eval",
+                                                                     "builtins.exec")
+            unsafe |= last in ("exec_module", "run_path", "__import__")
+            unsafe |= name in ("yaml.load", "yaml.unsafe_load", "torch.load", "pickle.load", "pickle.loads")
+            if last == "load" and name.split(".")[0] in ("np", "numpy"):
+                kw = {k.arg: k.value for k in node.keywords}
+                unsafe |= not (isinstance(kw.get("allow_pickle"), ast.Constant) and kw["allow_pickle"].value is False)
+            if unsafe and (path.name, what) not in ALLOWED_CALLS:
+                bad.append((path.name, line, what))
+    assert not bad, bad
 
 
 def test_sql_only_through_bound_parameters(tmp_path):
