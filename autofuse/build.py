@@ -154,6 +154,13 @@ def group_anchor(graph: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest]:
     return a, nests[a][1]
 
 
+def group_shape(graph: Graph, group: tuple[int, ...]) -> tuple[bool, bool]:
+    """(has blocks before the anchor, has blocks after it): which placement knobs matter."""
+    a, _ = group_anchor(graph, group)
+    total = sum(len(_op_nests(graph, graph.ops[i].func)) for i in group)
+    return a > 0, a < total - 1
+
+
 def anchor_op(graph: Graph, group: tuple[int, ...]) -> int:
     """The op (index) that owns the group's anchor block: names the group's knobs in a search."""
     a, _ = group_anchor(graph, group)

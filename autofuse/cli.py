@@ -45,7 +45,9 @@ class AutofuseGroup(click.Group):
             if code is None:
                 click.echo(f"autofuse: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
                 sys.exit(1)
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            from autofuse.errors import storage_error
+
+            msg = storage_error(e) or (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
             click.echo(f"autofuse: error: {msg}", err=True)
             sys.exit(code)
 

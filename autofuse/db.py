@@ -437,16 +437,16 @@ class PlanDB:
             return
         if os.path.isdir(path):
             raise DBError(f"{path} is a directory, not an autofuse database")
-        # Validate read-only before anything (e.g. PRAGMA journal_mode) writes.
+        # Validate read-only before anything (e.g. PRAGMA journal_mode) writes.  Only SQLite
+        # itself opens the file: a plain open()/close() here would drop every POSIX lock
+        # this process's SQLite connections (Optuna's, the heartbeat thread's) hold on it
+        # -- SQLite's documented corruption hazard; with several workers and a reader it
+        # produced "database disk image is malformed".
         try:
-            with open(path, "rb") as f:
-                head = f.read(len(_SQLITE_HEADER))
+            if os.path.getsize(path) == 0:
+                return  # empty file == empty SQLite database
         except OSError as e:
             raise DBError(f"cannot read database file {path}: {e.strerror or e}") from None
-        if head and head != _SQLITE_HEADER:
-            raise DBError(f"{path} is not a valid autofuse database: not an SQLite 3 file")
-        if not head:
-            return  # empty file == empty SQLite database
         uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
         deadline = time.monotonic() + BUSY_TIMEOUT_S
         io_deadline = time.monotonic() + 5.0
@@ -455,10 +455,15 @@ class PlanDB:
                 con = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
                 try:
                     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-                    if "af_schema" in names:
-                        con.execute("SELECT version FROM af_schema").fetchall()
+                    versions = [r[0] for r in con.execute("SELECT version FROM af_schema")] if "af_schema" in names else []
                 finally:
                     con.close()
+                newest = max((v for v in versions if isinstance(v, int)), default=None)
+                if newest is not None and newest > SCHEMA_VERSION:
+                    # refuse here, read-only: opening the engine would already switch the
+                    # journal mode (a write) before _init_schema could say no
+                    raise DBError(f"database schema version {newest} is newer than this autofuse "
+                                  f"({SCHEMA_VERSION}); upgrade autofuse")
                 return
             except sqlite3.Error as e:
                 # "disk I/O error": a read-only open racing another process that is creating
@@ -467,6 +472,8 @@ class PlanDB:
                 if transient and time.monotonic() < deadline:
                     time.sleep(0.05 + random.random() * 0.1)
                     continue
+                if "file is not a database" in str(e):
+                    raise DBError(f"{path} is not a valid autofuse database: not an SQLite 3 file") from None
                 raise DBError(f"{path} is not a valid autofuse database: {e}") from None
 
     def _make_engine(self) -> Engine:

@@ -19,6 +19,26 @@ def classify(exc: BaseException) -> int | None:
 
     if isinstance(exc, (SpaceError, PlanError, TargetError, GraphError, ScheduleRejected, SamplerUnavailable, JobError)):
         return 2
-    if isinstance(exc, (BuildError, DBError, DeployError, OSError)):
+    if isinstance(exc, (BuildError, DBError, DeployError, OSError)) or storage_error(exc) is not None:
         return 1
+    return None
+
+
+def storage_error(exc: BaseException) -> str | None:
+    """One line for a database failure raised below autofuse (SQLAlchemy/Optuna storage: disk
+    full, I/O error, file not writable), or None when ``exc`` is not one."""
+    import sqlite3
+
+    from sqlalchemy import exc as sa_exc
+
+    seen = exc
+    for _ in range(5):  # Optuna wraps the driver error (StorageInternalError from OperationalError)
+        if isinstance(seen, (sa_exc.DBAPIError, sqlite3.Error)):
+            orig = getattr(seen, "orig", None) or seen
+            first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+            return (f"database error: {first}; check that the disk is not full and the database file "
+                    "and its directory are writable")
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
+        if seen is None:
+            return None
     return None

@@ -102,8 +102,13 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
     return knobs
 
 
-def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None) -> dict[str, list[Any]]:
-    """Candidate values of every knob for this loop nest (what the search samples)."""
+def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, producers: bool = True,
+               epilogue: bool = True) -> dict[str, list[Any]]:
+    """Candidate values of every knob for this loop nest (what the search samples).
+
+    ``producers`` / ``epilogue``: whether the group has blocks before / after its
+    anchor; knobs that place blocks it does not have are left out of the space.
+    """
     overrides = overrides or {}
     max_tile = int(overrides.get("max_tile", 64))
     space: dict[str, list[Any]] = {}
@@ -121,8 +126,12 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None) -> dict[
     space["inline_epilogue"] = [True, False]
     space["epilogue_at"] = list(range(-1, n))
     space["producer_at"] = list(range(-1, n))
+    if not producers:
+        del space["inline_producers"], space["producer_at"]
+    if not epilogue:
+        del space["inline_epilogue"], space["epilogue_at"]
     for key, value in default_knobs(nest).items():  # the default schedule is always a point of the space
-        if value not in space[key]:
+        if key in space and value not in space[key]:
             space[key] = sorted(space[key] + [value], key=lambda v: (isinstance(v, bool), v))
     return space
 

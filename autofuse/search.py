@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna
 
-from autofuse.build import anchor_op, group_anchor
+from autofuse.build import anchor_op, group_anchor, group_shape
 from autofuse.graph import Graph
 from autofuse.partition import Decision, choices_for, decisions, partition_from_choices
 from autofuse.plan import Plan
@@ -62,8 +62,10 @@ class PlanSpace:
         for group in part:
             _, nest = group_anchor(g, group)
             a = anchor_op(g, group)
+            before, after = group_shape(g, group)
+            space = knob_space(nest, self.overrides, producers=before, epilogue=after)
             schedules.append({k: trial.suggest_categorical(knob_param(g, fold, a, k), values)
-                              for k, values in knob_space(nest, self.overrides).items()})
+                              for k, values in space.items()})
         return self.workload.partition_plan(part, fold, "tuned", schedules), repairs
 
     def params_of(self, plan: Plan) -> dict[str, Any]:
@@ -79,8 +81,11 @@ class PlanSpace:
         for group, sched in zip(part, plan.schedules):
             _, nest = group_anchor(g, group)
             a = anchor_op(g, group)
+            before, after = group_shape(g, group)
+            space = knob_space(nest, self.overrides, producers=before, epilogue=after)
             for k, v in resolve_knobs(nest, sched).items():
-                params[knob_param(g, fold, a, k)] = v
+                if k in space:
+                    params[knob_param(g, fold, a, k)] = v
         return params
 
 
