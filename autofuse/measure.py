@@ -115,9 +115,17 @@ def summarize(samples_ms: list[float], correct: bool, err: float) -> Measurement
 
 
 def measure(session: Session, inputs: list[np.ndarray], expected: np.ndarray, rtol: float, atol: float,
-            cfg: TimingConfig) -> Measurement:
-    """Check first; time only a correct result."""
+            cfg: TimingConfig, timing_inputs: list[np.ndarray] | None = None) -> Measurement:
+    """Check first; time only a correct result.
+
+    Time on ``timing_inputs`` (other data than the check's) when a process measures
+    many candidates: the VM's pooled allocator is process-wide, so what a candidate's
+    timed runs leave in its buffers is what the next candidate finds in any part of
+    its output it fails to write.  Timed on the check's own inputs, that leftover is
+    the correct answer, and a kernel writing only part of its output passed the check
+    (caught by the "wrong" fault injection); timed on other data, it is a wrong one.
+    """
     correct, err = session.check(inputs, expected, rtol, atol)
     if not correct:
         return Measurement(False, err, error=f"wrong result: relative error {err:.3g} exceeds rtol={rtol}, atol={atol}")
-    return summarize(session.time(inputs, cfg), True, err)
+    return summarize(session.time(inputs if timing_inputs is None else timing_inputs, cfg), True, err)

@@ -21,9 +21,10 @@ def space_to_relax(space: Space) -> tvm.IRModule:
         with bb.dataflow():
             try:
                 out = space.forward(**args)
+                gv = bb.emit_output(out)  # shape/type errors of the ops surface here
             except Exception as e:
-                raise SpaceError(f"space {space.name!r}: forward() failed: {type(e).__name__}: {e}") from e
-            gv = bb.emit_output(out)
+                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                raise SpaceError(f"space {space.name!r}: forward() failed: {type(e).__name__}: {msg}") from e
         bb.emit_func_output(gv)
     return bb.get()
 

@@ -44,7 +44,8 @@ def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *,
     inputs = w.runtime_inputs(plan.fold_params, acts)
     t1 = time.perf_counter()
     try:
-        m = measure(session, inputs, expected, w.space.rtol, w.space.atol, cfg)
+        m = measure(session, inputs, expected, w.space.rtol, w.space.atol, cfg,
+                    timing_inputs=_timing_inputs(w, plan.fold_params))
     finally:
         del session
         _scrub(ex, target, inputs)
@@ -53,16 +54,20 @@ def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *,
     return out
 
 
-def _scrub(executable: Any, target: Target, inputs: list[Any]) -> None:
-    """After a candidate: a fresh VM runs it twice on NaN inputs, so the buffers it
-    leaves in the process-wide pooled allocator hold poison, not the correct output.
+def _timing_inputs(w: Workload, fold: bool) -> list[Any]:
+    """Activations for the timed runs, drawn with another seed than the check's (cached)."""
+    cache = w.__dict__.setdefault("_af_timing_acts", {})
+    if "acts" not in cache:
+        cache["acts"] = w.activations(seed=2)
+    return w.runtime_inputs(fold, cache["acts"])
 
-    Without this, a later candidate in the same worker whose kernel writes only part
-    of its output finds the rest already correct -- left there by this candidate's
-    timing runs on the same check inputs -- and passes the check: ``Session.check``'s
-    poison call cannot help, since the broken kernel skips that region on it too.
-    The measuring VM is gone by now (it held its last outputs), and two calls cover
-    the two buffers a VM alternates between."""
+
+def _scrub(executable: Any, target: Target, inputs: list[Any]) -> None:
+    """After a candidate: a fresh VM runs it twice on NaN inputs, so the buffers it leaves
+    in the process-wide pooled allocator hold poison rather than answers (a second line of
+    defence next to timing on other data, see :func:`autofuse.measure.measure`).  The measuring VM
+    is gone by now (it held its last outputs); two calls cover the two buffers a VM
+    alternates between."""
     import numpy as np
 
     try:

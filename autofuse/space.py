@@ -83,13 +83,22 @@ class Space:
     source: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        for t in self.inputs:
+            if not isinstance(t, Tensor):
+                raise SpaceError(f"space {self.name!r}: inputs must be autofuse.space.Tensor, got {type(t).__name__}")
+            if not isinstance(t.name, str) or not t.name:
+                raise SpaceError(f"space {self.name!r}: input name {t.name!r} must be a non-empty string")
+            if self.module is None and not t.name.isidentifier():  # forward() takes inputs as keywords
+                raise SpaceError(f"space {self.name!r}: input name {t.name!r} must be a Python identifier")
+            shape = t.shape
+            if not isinstance(shape, tuple) or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in shape):
+                raise SpaceError(f"space {self.name!r}: input {t.name!r} has a bad shape {shape!r} (a tuple of positive ints)")
+            # parameters may be scalars (ONNX models have scalar initializers: Clip bounds, eps, ...)
+            if not shape and t not in self.params:
+                raise SpaceError(f"space {self.name!r}: activation {t.name!r} has a bad shape () (activations are tensors)")
         names = [t.name for t in self.inputs]
         if len(set(names)) != len(names):
             raise SpaceError(f"space {self.name!r}: duplicate input names {names}")
-        for t in self.inputs:
-            # parameters may be scalars (ONNX models have scalar initializers: Clip bounds, eps, ...)
-            if (not t.shape and t not in self.params) or any(int(d) <= 0 for d in t.shape):
-                raise SpaceError(f"space {self.name!r}: input {t.name!r} has a bad shape {t.shape}")
 
     @property
     def inputs(self) -> tuple[Tensor, ...]:

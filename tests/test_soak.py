@@ -51,7 +51,8 @@ def test_soak_twelve_kills_and_resumes(tmp_path):
     assert fig["final_rc"] == 0, fig["final_stderr"]
     assert fig["completed_trials_lost"] == 0, fig["log"]
     assert fig["integrity_all_ok"], fig["integrity"]
-    assert fig["stuck_running"] == 0 and fig["best_regressions"] == 0
+    assert fig["stuck_running"] == 0 and fig["best_regressions"] == 0, \
+        f"stuck RUNNING trials {fig['stuck_trials']}, best regressions {fig['best_regressions']}, log {fig['log']}"
 
 
 def test_soak_four_workers_and_reader_for_minutes(tmp_path):
