@@ -281,7 +281,8 @@ def _setup_logging(cfg: JobConfig, quiet: bool = False) -> Path:
         h.setFormatter(logging.Formatter(f"%(asctime)s pid={os.getpid()} %(levelname)s %(message)s"))
         log.addHandler(h)
     log.setLevel(logging.INFO)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # failed candidates are expected (and logged above, with their reason): no Optuna tracebacks
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     return path
 
 
