@@ -385,6 +385,21 @@ def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
     return paths
 
 
+def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
+    """One table cell: median (spread) and the peer/autofuse ratio, or why the column failed."""
+    col = result["columns"].get(column)
+    if not col:
+        return "n/a"
+    if col["median_ms"] is None:
+        why = (col["error"] or "failed")[:50]
+        return f"failed: {why}" if markdown else f"[red]{why}[/]"
+    text = f"{col['median_ms']:.3f} (±{col['spread_ms']:.3f})"
+    ratio = (result.get("ratios_vs_autofuse") or {}).get(column)
+    if ratio and column != "autofuse":
+        text += f" **{ratio:.2f}x**" if markdown else f" ({ratio:.2f}×)"
+    return text
+
+
 def markdown_report(report: dict[str, Any], command: str = "") -> str:
     """The bench as a markdown table (what results/README.md shows)."""
     cols = [c for c in COLUMNS if any(c in r["columns"] for r in report["spaces"])]
@@ -399,18 +414,7 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
     lines.append("|---" * (len(cols) + 5) + "|")
     for r in report["spaces"]:
         row = [r["space"]]
-        for c in cols:
-            col = r["columns"].get(c)
-            if not col:
-                row.append("n/a")
-            elif col["median_ms"] is None:
-                row.append(f"failed: {(col['error'] or '')[:50]}")
-            else:
-                ratio = (r.get("ratios_vs_autofuse") or {}).get(c)
-                cell = f"{col['median_ms']:.3f} (±{col['spread_ms']:.3f})"
-                if ratio and c != "autofuse":
-                    cell += f" **{ratio:.2f}x**"
-                row.append(cell)
+        row += [cell(r, c, markdown=True) for c in cols]
         row.append(f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "")
         row.append(f"{r['autofuse_over_roofline']:.2f}x" if r.get("autofuse_over_roofline") else "")
         job = r.get("autofuse_job") or {}

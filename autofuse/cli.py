@@ -353,7 +353,7 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     """autofuse's best plan vs unfused, TVM (default, MetaSchedule), onnxruntime, NumPy and the roofline."""
     from pathlib import Path
 
-    from autofuse.bench import COLUMNS, run_bench
+    from autofuse.bench import COLUMNS, cell, run_bench
     from autofuse.job import parse_duration
     from autofuse.space import space_names
     from autofuse.target import parse_target
@@ -391,17 +391,7 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
         t.add_column("autofuse / roofline", justify="right")
         for r in report["spaces"]:
             row = [r["space"]]
-            for c in COLUMNS:
-                if c not in cols:
-                    continue
-                col = r["columns"].get(c)
-                if not col:
-                    row.append("n/a")
-                elif col["median_ms"] is None:
-                    row.append(f"[red]{(col['error'] or 'failed')[:40]}[/]")
-                else:
-                    ratio = (r.get("ratios_vs_autofuse") or {}).get(c)
-                    row.append(f"{col['median_ms']:.3f} ±{col['spread_ms']:.3f}" + (f" ({ratio:.2f}×)" if ratio and c != "autofuse" else ""))
+            row += [cell(r, c, markdown=False) for c in COLUMNS if c in cols]
             row.append(f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "")
             row.append(f"{r['autofuse_over_roofline']:.2f}×" if r.get("autofuse_over_roofline") else "")
             t.add_row(*row)
