@@ -194,6 +194,7 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
         db_url = f"sqlite:///{out_dir / 'bench.db'}"
         cfg = JobConfig(space=w.space.name, target=target.spec_json, tiny=w.tiny, trials=None, timeout_s=budget_s,
                         db_url=db_url, study=f"bench-{w.space.name}-{int(time.time())}", seed=seed,
+                        candidate_timeout_s=min(120.0, max(20.0, budget_s / 6)),  # one slow compile can't eat the budget
                         progress=False, log_dir=str(out_dir), final_rounds=2)
         result = run_job(cfg)
         extra["autofuse_job"] = result.as_dict()

@@ -34,6 +34,7 @@ from autofuse.plan import PlanError
 BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue")
 INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at")
 UNROLL_STEPS = (0, 16, 64, 256)
+MAX_ACCUMULATORS = 512  # inner spatial tile of a reduction (e.g. 8 x 64 floats = 32 zmm registers)
 
 
 class ScheduleRejected(Exception):
@@ -222,6 +223,12 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
             o, i = sch.split(loop, [None, t])
             outer.append(o)
             inner.append(i)
+    if r_outer or r_inner:
+        acc = 1
+        for loop in s_inner:
+            acc *= int(sch.get(loop).extent)
+        if acc > MAX_ACCUMULATORS:  # LLVM spends minutes allocating registers for such tiles, to no gain
+            raise ScheduleRejected(f"register tile of {acc} accumulators exceeds {MAX_ACCUMULATORS}")
     sch.reorder(*(s_outer + r_outer + r_inner + s_inner))
 
     p = min(k["parallel"], len(s_outer))
