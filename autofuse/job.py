@@ -307,7 +307,34 @@ def prepare_study(cfg: JobConfig) -> optuna.Study:
         space = PlanSpace(w)
         for label in REFERENCE_PLANS:
             study.enqueue_trial(space.params_of(w.reference_plan(label)), user_attrs={"label": label})
+    else:
+        _fail_orphaned_trials(study, storage, grace_s=2 * cfg.heartbeat_s)
+        alive = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+        labels = {t.user_attrs.get("label") for t in study.get_trials(deepcopy=False, states=alive)}
+        space = PlanSpace(w)
+        for label in REFERENCE_PLANS:  # a baseline killed before it ran is measured again
+            if label not in labels:
+                study.enqueue_trial(space.params_of(w.reference_plan(label)), user_attrs={"label": label})
     return study
+
+
+def _fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorage, grace_s: float) -> None:
+    """RUNNING trials of a killed job that never got a heartbeat (killed between the
+    trial's creation and its first beat): Optuna's stale-trial check only looks at
+    trials *with* a heartbeat, so these would stay RUNNING forever."""
+    import datetime
+
+    import sqlalchemy
+
+    with storage.engine.connect() as con:
+        beating = {row[0] for row in con.execute(sqlalchemy.text("SELECT trial_id FROM trial_heartbeats"))}
+    now = datetime.datetime.now()
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        started = t.datetime_start or now
+        if t._trial_id not in beating and (now - started).total_seconds() > grace_s:
+            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            log.warning("trial %d: RUNNING without a heartbeat since %s (its job was killed); marked failed",
+                        t.number, started)
 
 
 @dataclass

@@ -130,3 +130,20 @@ def test_two_workers_share_one_sqlite_study(tmp_path):
     log = open(json.loads(r.stdout)["log"]).read() if os.path.exists(json.loads(r.stdout)["log"]) else ""
     assert "database is locked" not in log
     assert len({t.user_attrs.get("plan_hash") for t in finished}) > 3
+
+
+def test_resume_fails_trials_killed_before_their_first_heartbeat(tmp_path):
+    """A job killed between creating a trial and its first heartbeat leaves a RUNNING trial
+    that Optuna's stale check never sees; resuming fails it and re-enqueues the baselines."""
+    from autofuse.job import JobConfig, prepare_study
+
+    cfg = JobConfig(space="ew_chain", tiny=True, db_url=f"sqlite:///{tmp_path}/t.db", heartbeat_s=1, log_dir=str(tmp_path))
+    study = prepare_study(cfg)
+    study.ask()
+    study.ask()  # both enqueued baselines now RUNNING, never beating
+    time.sleep(2.5)
+    study = prepare_study(cfg)
+    states = [t.state for t in study.trials]
+    assert states[:2] == [optuna.trial.TrialState.FAIL] * 2
+    waiting = [t.user_attrs.get("label") for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
+    assert sorted(waiting) == ["default", "unfused"]
