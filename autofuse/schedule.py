@@ -270,9 +270,9 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
             _root_schedule(sch, name, k)
     for name in reversed(before):
         loop = at(k["producer_at"])
-        if loop is not None:
-            sch.compute_at(name, loop)
-        else:
+        # A block that is not a producer of the tile (a horizontally fused sibling, an output of
+        # the group, a side input of the epilogue) keeps its own loop nest at root.
+        if loop is None or name in outputs or not _try(lambda: sch.compute_at(name, loop)):
             _root_schedule(sch, name, k)
     if r_outer or r_inner:
         sch.decompose_reduction(anchor, (r_outer or r_inner)[0])

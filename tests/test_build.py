@@ -63,3 +63,22 @@ def test_cuda_build_has_a_device_module(space):
     w = get_workload(space, tiny=True)
     ex = build(w.graph(True), w.reference_plan("default"), parse_target('{"kind":"cuda","arch":"sm_90"}'))
     assert "cuda" in [m.kind for m in _imports(ex)]
+
+
+def test_horizontal_fusion_of_siblings_builds_and_is_correct():
+    """exp(x) and relu(x) share x and are independent: one kernel computes both (two outputs)."""
+    import numpy as np
+    from tvm import relax
+
+    from autofuse.space import Space, Tensor
+    from autofuse.workload import Workload
+
+    R = relax.op
+    w = Workload(Space("siblings", (Tensor("x", (16, 32)),), (), lambda x: R.multiply(R.exp(x), R.nn.relu(x)),
+                       lambda x: np.exp(x) * np.maximum(x, 0)))
+    g = w.graph(True)
+    assert "s0_1" in [d.key for d in decisions(g.dag())]
+    for knobs in ({}, {"producer_at": -1}, {"epilogue_at": -1}, {"parallel": 0}):
+        plan = w.partition_plan(((0, 1), (2,)), True, "siblings", [knobs, {}])
+        res = evaluate_plan(w, plan, LLVM, QUICK)
+        assert res["status"] == OK and res["correct"], (knobs, res)
