@@ -156,6 +156,8 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
     acts, expected = w.check_data()
     cols: list[_Runnable] = []
     extra: dict[str, Any] = {}
+    source = getattr(w.space, "source", None) or {}
+    model_path = source.get("path")  # an imported ONNX model rather than a hand-written space
 
     def guarded(name: str, make: Callable[[], _Runnable | None]) -> None:
         if name not in include:
@@ -186,11 +188,33 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
 
     guarded("tvm-default", tvm_default)
 
+    def autofuse_model_col() -> _Runnable:
+        """A whole model: regions tuned within the budget, their best plans stitched."""
+        from autofuse.db import PlanDB
+        from autofuse.model_job import ModelTuneConfig, tune_model
+        from autofuse.onnx_import import model_spec
+        from autofuse.plan import Plan
+
+        db_url = f"sqlite:///{out_dir / 'bench.db'}"
+        result = tune_model(ModelTuneConfig(model=model_spec(model_path, source.get("shapes")),
+                                            timeout_s=budget_s, db_url=db_url, seed=seed,
+                                            candidate_timeout_s=min(120.0, max(20.0, budget_s / 6))))
+        extra["autofuse_model_job"] = {k: v for k, v in result.items() if k != "regions_detail"}
+        best = PlanDB(db_url, create=False, readonly=True).best_plan(w.hash, target.spec)
+        if best is None:
+            raise RuntimeError("autofuse found no verified whole-model plan in the budget")
+        plan = Plan.from_json(best.plan_json)
+        ex = build(w.graph(plan.fold_params), plan, target)
+        return _vm_runnable("autofuse", ex, w, plan.fold_params, target,
+                            note=f"plan {plan.hash} ({best.label}), {len(plan.groups)} kernels, {result['trials']} region trials")
+
     def autofuse_col() -> _Runnable:
         from autofuse.db import PlanDB
         from autofuse.job import JobConfig, run_job
         from autofuse.plan import Plan
 
+        if model_path:
+            return autofuse_model_col()
         db_url = f"sqlite:///{out_dir / 'bench.db'}"
         cfg = JobConfig(space=w.space.name, target=target.spec_json, tiny=w.tiny, trials=None, timeout_s=budget_s,
                         db_url=db_url, study=f"bench-{w.space.name}-{int(time.time())}", seed=seed,
@@ -227,16 +251,25 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
     guarded("autofuse", autofuse_col)
 
     def ort_col() -> _Runnable | None:
-        if not has_onnx(w.space.name):
+        if model_path:  # the model file itself, with the weights the workload uses
+            import onnx
+
+            ref = w.space.reference
+            sess = onnxruntime_session(onnx.load_from_string(ref.model_bytes), num_threads())
+            feed = {o: np.asarray(acts[r], dtype=np.float32) for r, o in ref.relax_to_onnx.items()}
+        elif has_onnx(w.space.name):
+            sess = onnxruntime_session(onnx_model(w.space, w.params, expected.shape), num_threads())
+            feed = {k: v for k, v in acts.items()}
+        else:
             return None
-        sess = onnxruntime_session(onnx_model(w.space, w.params, expected.shape), num_threads())
-        feed = {k: v for k, v in acts.items()}
         return _Runnable(Column("onnxruntime", note=f"{num_threads()} threads, ORT_ENABLE_ALL"),
                          lambda r, m: _time_python(lambda: sess.run(None, feed), m, r),
                          lambda: sess.run(None, feed)[0])
 
     guarded("onnxruntime", ort_col)
     ref_inputs = {**acts, **w.params}
+    if model_path:  # a model's reference is onnxruntime itself: no NumPy column
+        return cols, extra
     guarded("numpy", lambda: _Runnable(Column("numpy", note="the reference (float64 where it casts)"),
                                        lambda r, m: _time_python(lambda: w.space.reference(**ref_inputs), m, r),
                                        lambda: w.space.reference(**ref_inputs)))

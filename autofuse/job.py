@@ -255,7 +255,7 @@ def _tvm_version() -> str:
 
 def _spawned_worker(cfg_json: str, worker_id: int) -> None:
     cfg = _cfg_from_json(cfg_json)
-    _setup_logging(cfg, quiet=True)
+    _setup_logging(cfg)
     stop = _StopFlag()
     stop.install()
     worker_loop(cfg, worker_id, stop=stop)
@@ -272,11 +272,15 @@ def _cfg_from_json(text: str) -> JobConfig:
     return JobConfig(**d)
 
 
-def _setup_logging(cfg: JobConfig, quiet: bool = False) -> Path:
+def _setup_logging(cfg: JobConfig) -> Path:
     Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9_.@-]+", "_", cfg.study_name())
     path = Path(cfg.log_dir) / f"tune-{safe}.log"
-    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve()) for h in log.handlers):
+    for h in list(log.handlers):  # one job per log file: a process running several jobs (bench) moves on
+        if isinstance(h, logging.FileHandler) and h.baseFilename != str(path.resolve()):
+            log.removeHandler(h)
+            h.close()
+    if not any(isinstance(h, logging.FileHandler) for h in log.handlers):
         h = logging.FileHandler(path)
         h.setFormatter(logging.Formatter(f"%(asctime)s pid={os.getpid()} %(levelname)s %(message)s"))
         log.addHandler(h)
