@@ -407,9 +407,9 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study) -> list[dict[str, Any]]
         h = t.user_attrs.get("plan_hash")
         if h and h not in chosen and len([c for c in chosen.values() if c[1] == "tuned"]) < cfg.top_k:
             chosen[h] = (t.user_attrs["plan"], t.user_attrs.get("label", "tuned"))
-    for t in done:  # the references, whatever their rank
+    for t in done:  # the references, whatever their rank (and named so if the search re-found them)
         label = t.user_attrs.get("label")
-        if label in REFERENCE_PLANS and t.user_attrs.get("plan_hash") not in chosen:
+        if label in REFERENCE_PLANS:
             chosen[t.user_attrs["plan_hash"]] = (t.user_attrs["plan"], label)
     if not chosen:
         return []

@@ -108,4 +108,7 @@ def onnxruntime_session(model, threads: int):
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
+    # no busy-waiting after a run: its spinning threads would steal the cores of whatever
+    # the benchmark times next (the columns are interleaved in one process)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

@@ -224,7 +224,7 @@ class IsolatedRunner:
         self._conn = parent
 
     def _kill(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None and self._proc.pid is not None:  # pid is None: start() itself failed
             if self._proc.is_alive():
                 self._proc.kill()
             self._proc.join(5)
