@@ -220,38 +220,40 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
 
     guarded("tvm-default", tvm_default)
 
-    def autofuse_model_col() -> _Runnable:
-        """A whole model: regions tuned within the budget, their best plans stitched."""
+    db_url = f"sqlite:///{out_dir / 'bench.db'}"
+    candidate_timeout = min(120.0, max(20.0, budget_s / 6))  # one slow compile can't eat the budget
+
+    def best_plan_runnable(note: str) -> _Runnable:
+        """autofuse's column: the best verified plan the tuning stored, built here."""
         from autofuse.db import PlanDB
-        from autofuse.model_job import ModelTuneConfig, tune_model
-        from autofuse.onnx_import import model_spec
         from autofuse.plan import Plan
 
-        db_url = f"sqlite:///{out_dir / 'bench.db'}"
-        result = tune_model(ModelTuneConfig(model=model_spec(model_path, source.get("shapes")),
-                                            timeout_s=budget_s, db_url=db_url, seed=seed,
-                                            candidate_timeout_s=min(120.0, max(20.0, budget_s / 6))))
-        extra["autofuse_model_job"] = {k: v for k, v in result.items() if k != "regions_detail"}
         best = PlanDB(db_url, create=False, readonly=True).best_plan(w.hash, target.spec)
         if best is None:
-            raise RuntimeError("autofuse found no verified whole-model plan in the budget")
+            raise RuntimeError("autofuse found no verified plan in the budget")
         plan = Plan.from_json(best.plan_json)
         ex = build(w.graph(plan.fold_params), plan, target)
         return _vm_runnable("autofuse", ex, w, plan.fold_params, target,
-                            note=f"plan {plan.hash} ({best.label}), {len(plan.groups)} kernels, {result['trials']} region trials")
+                            note=f"plan {plan.hash} ({best.label}), {len(plan.groups)} kernels, {note}")
+
+    def autofuse_model_col() -> _Runnable:
+        """A whole model: regions tuned within the budget, their best plans stitched."""
+        from autofuse.model_job import ModelTuneConfig, tune_model
+        from autofuse.onnx_import import model_spec
+
+        result = tune_model(ModelTuneConfig(model=model_spec(model_path, source.get("shapes")), timeout_s=budget_s,
+                                            db_url=db_url, seed=seed, candidate_timeout_s=candidate_timeout))
+        extra["autofuse_model_job"] = {k: v for k, v in result.items() if k != "regions_detail"}
+        return best_plan_runnable(f"{result['trials']} region trials")
 
     def autofuse_col() -> _Runnable:
-        from autofuse.db import PlanDB
         from autofuse.job import JobConfig, run_job
-        from autofuse.plan import Plan
 
         if model_path:
             return autofuse_model_col()
-        db_url = f"sqlite:///{out_dir / 'bench.db'}"
         cfg = JobConfig(space=w.space.name, target=target.spec_json, tiny=w.tiny, trials=None, timeout_s=budget_s,
                         db_url=db_url, study=f"bench-{w.space.name}-{int(time.time())}", seed=seed,
-                        candidate_timeout_s=min(120.0, max(20.0, budget_s / 6)),  # one slow compile can't eat the budget
-                        progress=False, log_dir=str(out_dir), final_rounds=2)
+                        candidate_timeout_s=candidate_timeout, progress=False, log_dir=str(out_dir), final_rounds=2)
         result = run_job(cfg)
         extra["autofuse_job"] = result.as_dict()
         extra["autofuse_curve"] = _autofuse_curve(db_url, result.study)
@@ -261,13 +263,7 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
             rres = run_job(rcfg)
             extra["random_curve"] = _autofuse_curve(db_url, rres.study)
             extra["random_job"] = {"trials": rres.trials_this_job, "best": rres.best}
-        best = PlanDB(db_url, create=False, readonly=True).best_plan(w.hash, target.spec)
-        if best is None:
-            raise RuntimeError("autofuse found no verified plan in the budget")
-        plan = Plan.from_json(best.plan_json)
-        ex = build(w.graph(plan.fold_params), plan, target)
-        return _vm_runnable("autofuse", ex, w, plan.fold_params, target,
-                            note=f"plan {plan.hash}, {len(plan.groups)} kernels, {result.trials_this_job} trials")
+        return best_plan_runnable(f"{result.trials_this_job} trials")
 
     def metaschedule_col() -> _Runnable:
         work = out_dir / f"ms-{w.space.name}"
