@@ -27,7 +27,6 @@ import optuna
 import autofuse
 from autofuse.db import DEFAULT_URL, PlanDB
 from autofuse.measure import TimingConfig
-from autofuse.plan import Plan
 from autofuse.runner import OK, REJECTED, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler
 from autofuse.storage import BatchedRDBStorage

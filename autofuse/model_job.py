@@ -35,7 +35,7 @@ from autofuse.db import DEFAULT_URL, PlanDB
 from autofuse.measure import TimingConfig
 from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
-from autofuse.regions import RegionSet, model_regions, stitch
+from autofuse.regions import model_regions, stitch
 from autofuse.runner import OK, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler
 from autofuse.target import host_fingerprint, parse_target

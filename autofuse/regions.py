@@ -54,7 +54,6 @@ class RegionSet:
         return sum(r.hash == h for r in self.instances)
 
     def summary(self) -> list[dict[str, Any]]:
-        g = self.model.graph(True)
         out = []
         for h, w in self.workloads.items():
             rg = w.graph(True)

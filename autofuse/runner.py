@@ -13,7 +13,6 @@ import os
 import signal
 import time
 import traceback
-from dataclasses import asdict
 from typing import Any
 
 from autofuse.measure import Session, TimingConfig, measure

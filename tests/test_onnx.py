@@ -6,7 +6,6 @@ load.  Every comparison is against onnxruntime with rtol=1e-3 and atol=1e-3*max|
 (the model spaces' tolerances; what ``evaluate_plan``/``measure`` check).
 """
 
-import os
 from pathlib import Path
 
 import numpy as np

@@ -8,9 +8,8 @@ import sys
 import time
 
 import optuna
-import pytest
 
-from helpers import ROOT, cli, cli_json
+from helpers import ROOT, cli
 
 STATES_DONE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 
