@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir
 
 from autofuse.graph import Graph
@@ -172,13 +173,16 @@ def anchor_op(graph: Graph, group: tuple[int, ...]) -> int:
     raise AssertionError("anchor block outside the group")
 
 
-_NEST_CACHE: dict[tuple[int, str], list] = {}
+_NEST_CACHE: dict[int, list] = {}
 
 
 def _op_nests(graph: Graph, func: str) -> list:
-    key = (id(graph.mod), func)
+    """Block loop nests of an op's PrimFunc, cached by the PrimFunc's structure (an ``id``
+    of the module could be reused by another graph once the first is freed)."""
+    prim = graph.mod[func]
+    key = int(tvm_ffi.structural_hash(prim, map_free_vars=True))
     if key not in _NEST_CACHE:
-        _NEST_CACHE[key] = block_nests(graph.mod[func])
+        _NEST_CACHE[key] = block_nests(prim)
     return _NEST_CACHE[key]
 
 

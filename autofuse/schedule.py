@@ -239,8 +239,6 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
         tile_loops = [fused] + s_outer[p:]
     if k["vector"] and s_inner:
         sch.vectorize(s_inner[-1])
-    elif k["vector"] and not s_inner and not (r_outer or r_inner) and s_outer:
-        pass  # nothing inner to vectorize: the tile knobs chose no inner loop
     first = (tile_loops or r_outer or r_inner or s_inner)[0]
     if k["unroll"]:
         sch.annotate(first, "pragma_auto_unroll_max_step", k["unroll"])
