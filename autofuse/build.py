@@ -155,11 +155,20 @@ def group_anchor(graph: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest]:
     return a, nests[a][1]
 
 
-def group_shape(graph: Graph, group: tuple[int, ...]) -> tuple[bool, bool]:
-    """(has blocks before the anchor, has blocks after it): which placement knobs matter."""
-    a, _ = group_anchor(graph, group)
-    total = sum(len(_op_nests(graph, graph.ops[i].func)) for i in group)
-    return a > 0, a < total - 1
+@dataclass(frozen=True)
+class GroupShape:
+    """Which blocks a group has besides its anchor: says which knobs matter for it."""
+
+    producers: bool  # blocks before the anchor
+    epilogue: bool  # blocks after it
+    side_reductions: bool  # reduction blocks other than the anchor (norm / softmax statistics)
+
+
+def group_shape(graph: Graph, group: tuple[int, ...]) -> GroupShape:
+    nests = [n for i in group for n in _op_nests(graph, graph.ops[i].func)]
+    a = anchor_index(nests)
+    side = any(nest.has_reduction for i, (_, nest) in enumerate(nests) if i != a)
+    return GroupShape(a > 0, a < len(nests) - 1, side)
 
 
 def anchor_op(graph: Graph, group: tuple[int, ...]) -> int:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import click
 
 from autofuse import __version__
+from autofuse.cli_db import db_url_callback
 
 
 def _emit(as_json: bool, obj: Any, render: Callable[[], None]) -> None:
@@ -234,7 +235,8 @@ def build(space: str, plan_text: str, target_text: str, as_json: bool, tiny: boo
 @target_option
 @click.option("--trials", type=click.IntRange(min=1), default=None, help="Total finished trials in the study (default 100 without --timeout).")
 @click.option("--timeout", "timeout_text", default=None, help="Wall-clock bound for this job: 8h, 10m, 90s, 1h30m.")
-@click.option("--db", "db_url", default=None, help="SQLAlchemy URL for trials and plans [default: sqlite:///results/autofuse.db].")
+@click.option("--db", "db_url", default=None, callback=db_url_callback,
+              help="Trials and plans: an SQLAlchemy URL or an SQLite file path [default: sqlite:///results/autofuse.db].")
 @click.option("--study", default=None, help="Study name [default: derived from workload and target].")
 @click.option("--sampler", type=click.Choice(["tpe", "random", "cmaes", "gp"]), default="tpe", show_default=True)
 @click.option("--seed", type=int, default=None, help="Sampler seed (reproducible sampling).")

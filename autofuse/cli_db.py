@@ -17,12 +17,18 @@ from typing import Any, NoReturn
 
 import click
 
-from autofuse.db import DEFAULT_URL
+from autofuse.db import DEFAULT_URL, normalize_url
 
 __all__ = ["register"]
 
-db_option = click.option("--db", "db_url", default=DEFAULT_URL, show_default=True, metavar="URL",
-                         help="Plan database (SQLAlchemy URL).")
+
+
+def db_url_callback(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    return normalize_url(value) if value else value
+
+
+db_option = click.option("--db", "db_url", default=DEFAULT_URL, show_default=True, metavar="URL", callback=db_url_callback,
+                         help="Plan database: an SQLAlchemy URL, or the path of an SQLite file.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 tiny_option = click.option("--tiny", is_flag=True, help="Use the space's tiny-shape variant.")
 target_option = click.option("--target", "target_text", required=True,

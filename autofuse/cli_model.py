@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from autofuse.cli_db import db_url_callback
 from autofuse.db import DEFAULT_URL
 
 __all__ = ["register"]
@@ -50,7 +51,8 @@ def register(group: click.Group) -> click.Group:
     @click.argument("model_file", metavar="MODEL.onnx")
     @shape_option
     @name_option
-    @click.option("--db", "db_url", default=DEFAULT_URL, show_default=True, metavar="URL", help="Plan database.")
+    @click.option("--db", "db_url", default=DEFAULT_URL, show_default=True, metavar="URL", callback=db_url_callback,
+                  help="Plan database: an SQLAlchemy URL or an SQLite file path.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
     def import_cmd(model_file: str, shapes: tuple[str, ...], model_name: str | None, db_url: str, as_json: bool) -> None:
         """Import an ONNX model, check it runs, and register it (and its regions) as workloads."""

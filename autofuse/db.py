@@ -72,6 +72,14 @@ __all__ = [
 ]
 
 DEFAULT_URL = "sqlite:///results/autofuse.db"
+
+
+def normalize_url(text: str) -> str:
+    """A plain file path (``results/my.db``) means that SQLite file; anything with a
+    scheme (``sqlite:///...``, ``postgresql://...``) is an SQLAlchemy URL as is."""
+    if "://" in text or not text.strip():
+        return text
+    return f"sqlite:///{text}"
 SCHEMA_VERSION = 1
 
 #: ``{from_version: fn(connection)}``; ``fn`` upgrades the schema from

@@ -16,6 +16,9 @@ the anchor's loop nest and say where every other block of the group goes:
 - ``inline_epilogue``: collapse intermediate epilogue blocks into the last one.
 - ``epilogue_at`` / ``producer_at``: outer spatial loop (index) under which the
   remaining consumers / producers are computed; -1 = at root, own loop nest.
+- ``reduce_vector``: the other reduction blocks of the group (layer-norm and softmax
+  statistics, BN batch statistics) keep that many partial sums in one vector
+  (``rfactor``), then add them up; 0 = one scalar accumulator (a serial chain of adds).
 
 An assignment either yields a valid schedule or raises ``ScheduleRejected`` with
 the reason; no TVM exception escapes.
@@ -32,8 +35,9 @@ from tvm import s_tir, tirx
 from autofuse.plan import PlanError
 
 BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue")
-INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at")
+INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector")
 UNROLL_STEPS = (0, 16, 64, 256)
+REDUCE_VECTOR_WIDTHS = (0, 8, 16, 32, 64)
 MAX_ACCUMULATORS = 512  # inner spatial tile of a reduction (e.g. 8 x 64 floats = 32 zmm registers)
 
 
@@ -99,16 +103,18 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
         # per-row producers (norm statistics) are not recomputed for every column tile
         vector=True, unroll=64, inline_producers=False, inline_epilogue=True,
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
+        reduce_vector=16,
     )
     return knobs
 
 
 def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, producers: bool = True,
-               epilogue: bool = True) -> dict[str, list[Any]]:
+               epilogue: bool = True, side_reductions: bool = True) -> dict[str, list[Any]]:
     """Candidate values of every knob for this loop nest (what the search samples).
 
-    ``producers`` / ``epilogue``: whether the group has blocks before / after its
-    anchor; knobs that place blocks it does not have are left out of the space.
+    ``producers`` / ``epilogue`` / ``side_reductions``: whether the group has blocks
+    before / after its anchor, and reduction blocks other than the anchor; knobs for
+    blocks it does not have are left out of the space.
     """
     overrides = overrides or {}
     max_tile = int(overrides.get("max_tile", 64))
@@ -131,6 +137,8 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, produ
         del space["inline_producers"], space["producer_at"]
     if not epilogue:
         del space["inline_epilogue"], space["epilogue_at"]
+    if side_reductions:
+        space["reduce_vector"] = list(REDUCE_VECTOR_WIDTHS)
     for key, value in default_knobs(nest).items():  # the default schedule is always a point of the space
         if key in space and value not in space[key]:
             space[key] = sorted(space[key] + [value], key=lambda v: (isinstance(v, bool), v))
@@ -158,6 +166,8 @@ def resolve_knobs(nest: LoopNest, knobs: dict[str, Any]) -> dict[str, Any]:
             raise PlanError(f"unroll={value} is out of range 0..4096")
         elif key in ("epilogue_at", "producer_at") and not -1 <= value < len(nest.spatial):
             raise PlanError(f"{key}={value} is out of range -1..{len(nest.spatial) - 1}")
+        elif key == "reduce_vector" and value not in REDUCE_VECTOR_WIDTHS:
+            raise PlanError(f"reduce_vector={value} must be one of {', '.join(map(str, REDUCE_VECTOR_WIDTHS))}")
         full[key] = value
     return full
 
@@ -196,9 +206,9 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
         for name in after:  # intermediate epilogue blocks collapse into the last one
             if name not in outputs:
                 _try(lambda: sch.compute_inline(name))
-    alive = {sch.get(b).name_hint for b in sch.get_child_blocks(root)}
-    before = [n for n in before if n in alive]
-    after = [n for n in after if n in alive]
+    partial_sums = _rfactor_side_reductions(sch, root, anchor_name, k["reduce_vector"])
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]  # rfactor added blocks
+    before, after = names[: names.index(anchor_name)], names[names.index(anchor_name) + 1 :]
 
     anchor = sch.get_sblock(anchor_name)
     loops = sch.get_loops(anchor)
@@ -264,16 +274,86 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
             own = _loops_below(sch, name, loop)
             if k["vector"] and own:  # never the shared tile loop itself
                 _try(lambda: sch.vectorize(own[-1]))
-        else:
+        elif name not in partial_sums:
             _root_schedule(sch, name, k)
     for name in reversed(before):
         loop = at(k["producer_at"])
         # A block that is not a producer of the tile (a horizontally fused sibling, an output of
         # the group, a side input of the epilogue) keeps its own loop nest at root.
         if loop is None or name in outputs or not _try(lambda: sch.compute_at(name, loop)):
-            _root_schedule(sch, name, k)
+            if name not in partial_sums:
+                _root_schedule(sch, name, k)
+    for name in partial_sums:
+        _vectorize_partial_sums(sch, name, k)
     if r_outer or r_inner:
         sch.decompose_reduction(anchor, (r_outer or r_inner)[0])
+
+
+def _is_plain_copy(block: Any) -> bool:
+    """``out[i, j, ...] = in[i, j, ...]``: same indices, nothing computed."""
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tvm.ir.expr.TensorLoad):
+        return False
+    return tvm.ir.structural_equal(list(store.indices), list(store.value.indices))
+
+
+def _rfactor_side_reductions(sch: s_tir.Schedule, root: Any, anchor: str, width: int) -> list[str]:
+    """Split the innermost reduction loop of every other reduction block by ``width`` and
+    rfactor it: a ``<block>_rf`` block accumulates ``width`` independent partial sums (one
+    vector register), and the original block adds them up.  Returns the ``_rf`` blocks.
+    Blocks at root only, before any compute-at (TVM's rfactor rejects shared loops)."""
+    if not width:
+        return []
+    made = []
+    for b in sch.get_child_blocks(root):
+        block = sch.get(b)
+        if block.name_hint == anchor or not block.iter_vars or int(block.iter_vars[-1].iter_type) != 2:
+            continue
+        loops = sch.get_loops(b)
+        if len(loops) != len(block.iter_vars):
+            continue
+        ext = int(sch.get(loops[-1]).extent)
+        if ext < 2 * width or ext % width:
+            continue
+        name = block.name_hint
+        try:
+            _, inner = sch.split(loops[-1], [None, width])
+            made.append(sch.get(sch.rfactor(inner, 0)).name_hint)
+        except Exception as e:  # a reducer TVM cannot factor (not sum/max/min/prod)
+            raise ScheduleRejected(f"reduce_vector={width}: cannot rfactor {name}: {_reason(e)}") from None
+    return made
+
+
+def _vectorize_partial_sums(sch: s_tir.Schedule, name: str, k: dict[str, Any]) -> None:
+    """An ``_rf`` block wherever it was placed: its own loops reordered to (other spatial,
+    reduction, partial-sum lane), the lane loop vectorized, the init hoisted out."""
+    block = sch.get_sblock(name)
+    loops = sch.get_loops(block)
+    realize = sch.get(loops[-1]).body
+    if not isinstance(realize, s_tir.SBlockRealize):
+        return
+    loop_vars = [sch.get(l).loop_var for l in loops]
+    owner = []  # index into loops of the loop each iter var is bound to
+    for value in realize.iter_values:
+        hits = [i for i, v in enumerate(loop_vars) if v.same_as(value)]
+        owner.append(hits[0] if hits else None)
+    kinds = [int(iv.iter_type) for iv in realize.block.iter_vars]
+    reduce_idx = [o for o, kind in zip(owner, kinds) if kind == 2]
+    lane = owner[0]
+    if lane is None or None in reduce_idx or not reduce_idx:
+        return
+    own = [i for i, l in enumerate(loops) if len(sch.get_child_blocks(l)) == 1]  # not tile loops shared
+    if lane not in own or any(i not in own for i in reduce_idx) or own != list(range(own[0], len(loops))):
+        return
+    spatial = [loops[i] for i in own if i != lane and i not in reduce_idx]
+    reduce_loops = [loops[i] for i in sorted(reduce_idx)]
+    shared = own[0] > 0
+    lane = loops[lane]
+    sch.reorder(*(spatial + reduce_loops + [lane]))
+    if not shared and spatial and k["parallel"]:
+        _try(lambda: sch.parallel(spatial[0]))
+    sch.vectorize(lane)
+    sch.decompose_reduction(block, reduce_loops[0])
 
 
 def _loops_below(sch: s_tir.Schedule, block: str, loop: Any) -> list[Any]:

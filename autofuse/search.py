@@ -18,7 +18,7 @@ from autofuse.build import anchor_op, group_anchor, group_shape
 from autofuse.graph import Graph
 from autofuse.partition import Decision, choices_for, decisions, partition_from_choices
 from autofuse.plan import Plan
-from autofuse.schedule import knob_space, resolve_knobs
+from autofuse.schedule import LoopNest, knob_space, resolve_knobs
 from autofuse.workload import Workload
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp")
@@ -60,10 +60,7 @@ class PlanSpace:
         part, repairs = partition_from_choices(dag, choices)
         schedules = []
         for group in part:
-            _, nest = group_anchor(g, group)
-            a = anchor_op(g, group)
-            before, after = group_shape(g, group)
-            space = knob_space(nest, self.overrides, producers=before, epilogue=after)
+            a, _, space = self._group_space(g, group)
             schedules.append({k: trial.suggest_categorical(knob_param(g, fold, a, k), values)
                               for k, values in space.items()})
         return self.workload.partition_plan(part, fold, "tuned", schedules), repairs
@@ -79,14 +76,19 @@ class PlanSpace:
         for d, c in zip(decisions(dag), choices_for(dag, part)):
             params[decision_param(g, fold, d)] = c
         for group, sched in zip(part, plan.schedules):
-            _, nest = group_anchor(g, group)
-            a = anchor_op(g, group)
-            before, after = group_shape(g, group)
-            space = knob_space(nest, self.overrides, producers=before, epilogue=after)
+            a, nest, space = self._group_space(g, group)
             for k, v in resolve_knobs(nest, sched).items():
                 if k in space:
                     params[knob_param(g, fold, a, k)] = v
         return params
+
+    def _group_space(self, g: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest, dict[str, list[Any]]]:
+        """(the op naming the group's knobs, the anchor's loop nest, the knobs' candidate values)."""
+        _, nest = group_anchor(g, group)
+        shape = group_shape(g, group)
+        space = knob_space(nest, self.overrides, producers=shape.producers, epilogue=shape.epilogue,
+                           side_reductions=shape.side_reductions)
+        return anchor_op(g, group), nest, space
 
 
 def make_sampler(name: str, seed: int | None, workers: int = 1) -> optuna.samplers.BaseSampler:

@@ -82,3 +82,27 @@ def test_horizontal_fusion_of_siblings_builds_and_is_correct():
         plan = w.partition_plan(((0, 1), (2,)), True, "siblings", [knobs, {}])
         res = evaluate_plan(w, plan, LLVM, QUICK)
         assert res["status"] == OK and res["correct"], (knobs, res)
+
+
+@pytest.mark.parametrize("width", [0, 8, 16])
+def test_vectorized_partial_sums_of_norm_statistics(width):
+    """reduce_vector rfactors the layer-norm statistics into vector partial sums (and 0 does
+    not); every width computes the same result as the reference."""
+    from autofuse.build import outline, partition_of
+    from autofuse.schedule import apply_cpu, resolve_knobs
+    from tvm import s_tir
+
+    w = get_workload("layernorm_residual", tiny=True)
+    g = w.graph(True)
+    plan = w.partition_plan((tuple(range(len(g.ops))),), True, "ln", [{"reduce_vector": width}])
+    part = partition_of(g, plan)
+    fused = outline(g, part)
+    sch = s_tir.Schedule(fused.mod)
+    anchor, nest = group_anchor(g, part[0])
+    apply_cpu(sch, fused.kernels[0], anchor, resolve_knobs(nest, plan.schedules[0]))
+    text = sch.mod[fused.kernels[0]].script()
+    assert ("_rf" in text) == (width > 0)
+    if width:
+        assert f"T.vectorized(T.int64({width}))" in text
+    res = evaluate_plan(w, plan, LLVM, QUICK)
+    assert res["status"] == OK and res["correct"], res
