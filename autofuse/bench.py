@@ -257,13 +257,14 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
         result = run_job(cfg)
         extra["autofuse_job"] = result.as_dict()
         extra["autofuse_curve"] = _autofuse_curve(db_url, result.study)
+        runnable = best_plan_runnable(f"{result.trials_this_job} trials")  # before random search adds plans
         if compare_random:  # the same budget with random sampling: is the guided search earning its keep?
-            rcfg = JobConfig(**{**cfg.__dict__, "study": cfg.study + "-random", "sampler": "random", "top_k": 1,
+            rcfg = JobConfig(**{**cfg.__dict__, "study": cfg.study + "-random", "sampler": "random", "top_k": 1, "warm_start": False,
                                 "final_rounds": 1})
             rres = run_job(rcfg)
             extra["random_curve"] = _autofuse_curve(db_url, rres.study)
             extra["random_job"] = {"trials": rres.trials_this_job, "best": rres.best}
-        return best_plan_runnable(f"{result.trials_this_job} trials")
+        return runnable
 
     def metaschedule_col() -> _Runnable:
         work = out_dir / f"ms-{w.space.name}"
@@ -365,6 +366,18 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
     return result
 
 
+def _clear_scratch(out_dir: Path) -> None:
+    """Each bench tunes from scratch: an earlier run's plans (bench.db) or MetaSchedule records
+    (ms-*) would otherwise warm-start this one and its budget would not be the budget."""
+    import shutil
+
+    for f in out_dir.glob("bench.db*"):
+        f.unlink()
+    for d in out_dir.glob("ms-*"):
+        if d.is_dir():
+            shutil.rmtree(d)
+
+
 def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False,
               rounds: int = 5, repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0,
               include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None,
@@ -372,6 +385,7 @@ def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path,
     import tvm
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    _clear_scratch(out_dir)
     progress("measuring machine peaks (SGEMM, copy)")
     peaks = machine_peaks()
     results = [bench_space(s, target, budget_s, out_dir, tiny=tiny, rounds=rounds, repeats=repeats,

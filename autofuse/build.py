@@ -151,8 +151,14 @@ def _kernel_names(mod: tvm.IRModule, order: list[int], group_funcs: dict) -> lis
 def group_anchor(graph: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest]:
     """The anchor block of a group (index among the fused kernel's blocks) and its loop nest."""
     nests = [n for i in group for n in _op_nests(graph, graph.ops[i].func)]
+    if not nests:
+        return -1, UNSCHEDULED
     a = anchor_index(nests)
     return a, nests[a][1]
+
+
+UNSCHEDULED = LoopNest((), ())  # the "loop nest" of a group without blocks: it has no knobs
+
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,8 @@ def group_shape(graph: Graph, group: tuple[int, ...]) -> GroupShape:
 def anchor_op(graph: Graph, group: tuple[int, ...]) -> int:
     """The op (index) that owns the group's anchor block: names the group's knobs in a search."""
     a, _ = group_anchor(graph, group)
+    if a < 0:
+        return group[0]
     for i in group:
         n = len(_op_nests(graph, graph.ops[i].func))
         if a < n:
@@ -205,6 +213,10 @@ def schedule_module(graph: Graph, plan: Plan, target: Target) -> tvm.IRModule:
     sch = s_tir.Schedule(fused.mod)
     for gi, group in enumerate(part):
         anchor, nest = group_anchor(graph, group)
+        if anchor < 0:
+            if by_first[group]:
+                raise PlanError(f"group {plan.groups[gi]} is an opaque kernel and takes no schedule knobs")
+            continue
         knobs = resolve_knobs(nest, by_first[group])
         apply_cpu(sch, fused.kernels[gi], anchor, knobs)
     return sch.mod

@@ -242,6 +242,8 @@ def build(space: str, plan_text: str, target_text: str, as_json: bool, tiny: boo
 @click.option("--seed", type=int, default=None, help="Sampler seed (reproducible sampling).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Processes tuning the same study.")
 @click.option("--resume", is_flag=True, help="Continue an existing study (it must exist).")
+@click.option("--no-warm-start", "no_warm_start", is_flag=True,
+              help="A new study does not measure the DB's best stored plan for this workload first.")
 @click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True, help="Plans re-measured at the end.")
 @click.option("--candidate-timeout", type=float, default=300.0, show_default=True, help="Seconds before a candidate's worker is killed.")
 @click.option("--mem-limit-mb", type=int, default=None, help="Memory limit of the candidate worker process.")
@@ -252,7 +254,8 @@ def build(space: str, plan_text: str, target_text: str, as_json: bool, tiny: boo
 @tiny_option
 @json_option
 def tune(space: str, target_text: str, trials: int | None, timeout_text: str | None, db_url: str | None, study: str | None,
-         sampler: str, seed: int | None, workers: int, resume: bool, top_k: int, candidate_timeout: float,
+         sampler: str, seed: int | None, workers: int, resume: bool, no_warm_start: bool, top_k: int,
+         candidate_timeout: float,
          mem_limit_mb: int | None, heartbeat: int, repeats: int, min_repeat_ms: int, tiny: bool, as_json: bool) -> None:
     """Tune a space: search partitions and schedules, store every measured plan."""
     from autofuse.db import DEFAULT_URL
@@ -273,7 +276,8 @@ def tune(space: str, target_text: str, trials: int | None, timeout_text: str | N
     make_sampler(sampler, seed)  # sampler availability
     cfg = JobConfig(space=space, target=target_text, tiny=tiny, trials=trials, timeout_s=timeout_s,
                     db_url=db_url or DEFAULT_URL, study=study, sampler=sampler, seed=seed, workers=workers,
-                    resume=resume, top_k=top_k, candidate_timeout_s=candidate_timeout, mem_limit_mb=mem_limit_mb,
+                    resume=resume, warm_start=not no_warm_start, top_k=top_k, candidate_timeout_s=candidate_timeout,
+                    mem_limit_mb=mem_limit_mb,
                     timing=TimingConfig(repeats=repeats, min_repeat_ms=min_repeat_ms, warmup=1),
                     heartbeat_s=heartbeat, progress=not as_json)
     result = run_job(cfg, progress_factory=None if as_json else _tune_progress)

@@ -195,7 +195,7 @@ class Model:
                 raise DeployError(f"{name}: cannot convert to a {dtype} array: {e}") from None
         if arr.shape != shape:
             raise DeployError(f"{name}: shape {arr.shape}, expected {shape}")
-        return np.ascontiguousarray(arr)
+        return np.asarray(arr, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
 
     # -- export ---------------------------------------------------------------
     def sidecar(self, library: str | os.PathLike = "model.so") -> dict[str, Any]:

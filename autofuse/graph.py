@@ -28,6 +28,7 @@ class GraphError(Exception):
 
 
 _PREPARE = [
+    relax.backend.DispatchSortScan(),  # sort/scan/top-k (no LegalizeOps rule) -> opaque TIR kernels
     relax.transform.DecomposeOpsForInference(),  # batch_norm -> subtract/divide/multiply/add
     relax.transform.CanonicalizeBindings(),  # drops the batch_norm tuple so epilogues can fuse
     relax.transform.DeadCodeElimination(),
@@ -40,7 +41,8 @@ _FOLD = [relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()]
 def lower(mod: tvm.IRModule, fold: bool) -> tvm.IRModule:
     """Legalize and annotate; with ``fold`` also fold parameter-only subexpressions."""
     passes = _PREPARE + (_FOLD if fold else [relax.transform.DeadCodeElimination()])
-    return tvm.transform.Sequential(passes)(mod)
+    with tvm.target.Target({"kind": "llvm"}):  # DispatchSortScan picks kernels by target; the CPU ones
+        return tvm.transform.Sequential(passes)(mod)
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,9 @@ def from_relax(mod: tvm.IRModule, name: str, inputs: tuple[Tensor, ...]) -> Grap
             taken.add(op_name)
             names[binding.var] = op_name
             ty = binding.var.ty
+            if isinstance(ty, relax.TupleType):
+                raise GraphError(f"{name}: op {gv.name_hint} ({binding.var.name}) returns {len(ty.fields)} tensors; "
+                                 "autofuse supports ops with one output (Split is rewritten into slices)")
             if not isinstance(ty, relax.TensorType) or ty.shape is None:
                 raise GraphError(f"{name}: {binding.var.name} has no static tensor shape")
             shape = tuple(int(d) for d in ty.shape.values)

@@ -27,6 +27,7 @@ import optuna
 import autofuse
 from autofuse.db import DEFAULT_URL, PlanDB
 from autofuse.measure import TimingConfig
+from autofuse.plan import Plan
 from autofuse.runner import OK, REJECTED, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler
 from autofuse.storage import BatchedRDBStorage
@@ -50,6 +51,7 @@ class JobConfig:
     seed: int | None = None
     workers: int = 1
     resume: bool = False
+    warm_start: bool = True  # a new study measures the DB's best plan for the workload early
     timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=20, warmup=1))
     final_timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=50, warmup=2))
     candidate_timeout_s: float = 300.0
@@ -310,6 +312,8 @@ def prepare_study(cfg: JobConfig) -> optuna.Study:
         space = PlanSpace(w)
         for label in REFERENCE_PLANS:
             study.enqueue_trial(space.params_of(w.reference_plan(label)), user_attrs={"label": label})
+        for params, label in space.seed_trials(_stored_best(cfg, w.hash, target) if cfg.warm_start else None):
+            study.enqueue_trial(params, user_attrs={"label": label})
     else:
         _fail_orphaned_trials(study, storage, grace_s=2 * cfg.heartbeat_s)
         alive = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
@@ -319,6 +323,13 @@ def prepare_study(cfg: JobConfig) -> optuna.Study:
             if label not in labels:
                 study.enqueue_trial(space.params_of(w.reference_plan(label)), user_attrs={"label": label})
     return study
+
+
+def _stored_best(cfg: JobConfig, workload_hash: str, target: Target) -> Plan | None:
+    """The best plan any earlier job stored for this workload and target (warm start)."""
+    with PlanDB(cfg.db_url) as db:
+        best = db.best_plan(workload_hash, target.spec, host=host_fingerprint())
+    return None if best is None else Plan.from_json(best.plan_json)
 
 
 def _fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorage, grace_s: float) -> None:

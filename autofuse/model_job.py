@@ -4,7 +4,8 @@
    (:mod:`autofuse.regions`); equal regions are tuned once.
 2. Every region starts from its TVM default plan and, when the plan DB already has
    a verified plan for its structural hash (from an earlier run or another model),
-   from that plan too (both enqueued).
+   from that plan too, then the schedule templates of ``PlanSpace.seed_trials`` (all
+   enqueued; every region measures its default before any region its second plan).
 3. The rest of the trial budget goes, one trial at a time, to the region with the
    highest Ansor-style priority: its share of the model's time (instances x best
    latency) times how much it is still improving (best latency gained over its
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -102,8 +104,8 @@ class _RegionState:
     default_ms: float | None = None
 
     def priority(self, window: int, total_trials: int) -> float:
-        if self.queued:
-            return float("inf")
+        if self.queued:  # every region's default first, then the rest of every queue in turn
+            return float("inf") if self.trials == 0 else 1e12 - self.trials
         if self.best_ms is None:
             return 1e9 - self.trials  # nothing worked yet: keep trying, least tried first
         share = self.count * self.best_ms
@@ -136,14 +138,17 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
         study.enqueue_trial(st.space.params_of(default), user_attrs={"label": "default"})
         st.queued = 1
         prev = db.best_plan(rw.hash, target.spec, host=host)
+        stored = None
         if prev is not None:
             try:
-                plan = Plan.from_json(prev.plan_json)
-                if plan.hash != default.hash:
-                    study.enqueue_trial(st.space.params_of(plan), user_attrs={"label": "db-best"})
-                    st.queued += 1
+                stored = Plan.from_json(prev.plan_json)
             except Exception as e:  # noqa: BLE001 - a stale stored plan is skipped, not fatal
                 log.warning("region %s: stored best plan not usable: %s", h, e)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a stored plan outside today's space is skipped
+            for params, label in st.space.seed_trials(stored):
+                study.enqueue_trial(params, user_attrs={"label": label})
+                st.queued += 1
         states.append(st)
     budget = cfg.trials if cfg.trials is not None else 4 * len(states)
     deadline = None if cfg.timeout_s is None else time.time() + cfg.timeout_s

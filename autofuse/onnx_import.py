@@ -215,7 +215,7 @@ def model_space(path: str, shapes: tuple = (), name: str | None = None) -> Space
 
     acts = tuple(tensor(p) for p in params[:num_input])
     weights = tuple(tensor(p) for p in params[num_input:])
-    param_values = {t.name: np.ascontiguousarray(v.numpy()) for t, v in zip(weights, values)}
+    param_values = {t.name: np.asarray(v.numpy(), order="C") for t, v in zip(weights, values)}
     mod = tvm.IRModule({gv: (f.without_attr("params") if gv.name_hint == "main" else f) for gv, f in mod.functions.items()})
 
     onnx_inputs = list(shape_dict)  # ONNX names in main's order (from_onnx keeps graph order)

@@ -58,10 +58,14 @@ class LoopNest:
 
 
 def block_nests(func: tirx.PrimFunc) -> list[tuple[str, LoopNest]]:
-    """(name, loop nest) of every block directly under the root, in program order."""
+    """(name, loop nest) of every block directly under the root, in program order; none for
+    a kernel autofuse cannot schedule (it then runs as TVM wrote it: an opaque group)."""
     sch = s_tir.Schedule(func)
     out = []
-    root = sch.get_sblock("root")
+    try:
+        root = sch.get_sblock("root")
+    except Exception:  # a hand-written TIR kernel without blocks (TVM's scan/sort): nothing to tile
+        return []
     for b in sch.get_child_blocks(root):
         block = sch.get(b)
         spatial, reduce = [], []
@@ -89,23 +93,48 @@ def _largest_divisor(n: int, cap: int) -> int:
 
 
 def default_knobs(nest: LoopNest) -> dict[str, Any]:
-    """Simple rules: vector-width inner tile, 4-row register tile when there is a
-    reduction, two outer loops in parallel, epilogue inside the tile."""
+    """Simple rules: vector-width inner tile, a register tile of 8 rows (8 output channels
+    for a convolution) when there is a reduction, two outer loops in parallel, epilogue
+    inside the tile, statistics reduced 16 lanes at a time."""
     n = len(nest.spatial)
     knobs: dict[str, Any] = {f"t{i}": 1 for i in range(n)}
     knobs.update({f"r{j}": 1 for j in range(len(nest.reduce))})
     if n:
         knobs[f"t{n - 1}"] = _largest_divisor(nest.spatial[-1], 16)
-    if n >= 2 and nest.has_reduction:
-        knobs[f"t{n - 2}"] = _largest_divisor(nest.spatial[-2], 4)
+    if n >= 4 and nest.has_reduction and nest.reduce[0] > 1:
+        # NCHW conv over input channels: 8 output channels x 16 columns, so every input
+        # vector loaded feeds 8 accumulators (a 4-row tile of one channel feeds one)
+        knobs["t1"] = _largest_divisor(nest.spatial[1], 8)
+    elif n >= 2 and nest.has_reduction:  # GEMM: 8 rows x 16 columns = 8 vector accumulators,
+        knobs[f"t{n - 2}"] = _largest_divisor(nest.spatial[-2], 8)  # enough to hide FMA latency
     knobs.update(
         parallel=min(2, n - 1) if n >= 2 else n,  # keep the innermost tile loop out, so
         # per-row producers (norm statistics) are not recomputed for every column tile
-        vector=True, unroll=64, inline_producers=False, inline_epilogue=True,
+        vector=True, unroll=64, inline_epilogue=True,
+        # without a reduction nothing is recomputed by inlining; under one, an inlined producer
+        # (padding, GELU) would be recomputed for every column tile
+        inline_producers=not nest.has_reduction,
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
         reduce_vector=16,
     )
     return knobs
+
+
+SEED_TEMPLATES = ("inline", "wide")
+
+
+def seed_schedule(nest: LoopNest, template: str) -> dict[str, Any]:
+    """Knob overrides of the default schedule that often beat it, measured first by a new
+    study: ``inline`` computes producers in their readers; ``wide`` doubles the register
+    tile's columns (16 -> 32 accumulators per row)."""
+    if template == "inline":
+        return {"inline_producers": True}
+    if template == "wide":
+        n = len(nest.spatial)
+        if n and nest.has_reduction and nest.spatial[-1] % 32 == 0:
+            return {f"t{n - 1}": 32}
+        return {}
+    raise ValueError(f"unknown seed template {template!r}")
 
 
 def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, producers: bool = True,

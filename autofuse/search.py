@@ -14,12 +14,12 @@ from typing import Any
 
 import optuna
 
-from autofuse.build import anchor_op, group_anchor, group_shape
+from autofuse.build import anchor_op, group_anchor, group_shape, partition_of
 from autofuse.graph import Graph
 from autofuse.partition import Decision, choices_for, decisions, partition_from_choices
-from autofuse.plan import Plan
-from autofuse.schedule import LoopNest, knob_space, resolve_knobs
-from autofuse.workload import Workload
+from autofuse.plan import Plan, PlanError
+from autofuse.schedule import SEED_TEMPLATES, LoopNest, knob_space, resolve_knobs, seed_schedule
+from autofuse.workload import REFERENCE_PLANS, Workload
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp")
 # Heartbeats, constant_liar and friends are "experimental" in Optuna; they are what jobs rely on.
@@ -79,12 +79,45 @@ class PlanSpace:
             a, nest, space = self._group_space(g, group)
             for k, v in resolve_knobs(nest, sched).items():
                 if k in space:
+                    if v not in space[k]:
+                        raise PlanError(f"knob {k}={v!r} of group {g.ops[a].name} is outside the search space")
                     params[knob_param(g, fold, a, k)] = v
         return params
 
+    def seed_trials(self, stored_best: Plan | None = None) -> list[tuple[dict[str, Any], str]]:
+        """(params, label) of the plans a new study measures right after its baselines: the
+        best plan already stored for this workload and target (a warm start), and the
+        default partition under schedule templates that often win (see ``seed_schedules``)."""
+        w = self.workload
+        default = w.reference_plan("default")
+        seeds: list[tuple[dict[str, Any], str]] = []
+        if stored_best is not None:
+            try:
+                seeds.append((self.params_of(stored_best), "db-best"))
+            except PlanError as e:  # stored under an older space: skipped, not fatal
+                warnings.warn(f"stored best plan not reused: {e}", stacklevel=2)
+        g = w.graph(True)
+        part = partition_of(g, default)
+        nests = [group_anchor(g, grp)[1] for grp in part]
+        for name in SEED_TEMPLATES:
+            plan = w.partition_plan(part, True, f"seed:{name}", [seed_schedule(n, name) for n in nests])
+            try:
+                seeds.append((self.params_of(plan), f"seed:{name}"))
+            except PlanError:
+                continue
+        known = [self.params_of(w.reference_plan(label)) for label in REFERENCE_PLANS]
+        unique = []
+        for params, label in seeds:  # a template that changes nothing here is not measured twice
+            if params not in known:
+                known.append(params)
+                unique.append((params, label))
+        return unique
+
     def _group_space(self, g: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest, dict[str, list[Any]]]:
         """(the op naming the group's knobs, the anchor's loop nest, the knobs' candidate values)."""
-        _, nest = group_anchor(g, group)
+        a, nest = group_anchor(g, group)
+        if a < 0:  # an opaque kernel: no knobs
+            return anchor_op(g, group), nest, {}
         shape = group_shape(g, group)
         space = knob_space(nest, self.overrides, producers=shape.producers, epilogue=shape.epilogue,
                            side_reductions=shape.side_reductions)

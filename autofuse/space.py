@@ -50,7 +50,7 @@ class Tensor:
             a = np.ones(self.shape)
         else:
             raise SpaceError(f"tensor {self.name!r}: unknown init {self.init!r}")
-        return np.ascontiguousarray(a, dtype=self.dtype)
+        return np.asarray(a, dtype=self.dtype, order="C")  # ascontiguousarray would make 0-d 1-d
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
@@ -128,7 +128,7 @@ class Space:
             arr = np.asarray(arr, dtype=known[name].dtype)
             if arr.shape != known[name].shape:
                 raise SpaceError(f"parameter {name!r}: shape {arr.shape}, expected {known[name].shape}")
-            out[name] = np.ascontiguousarray(arr)
+            out[name] = np.asarray(arr, order="C")
         return out
 
     def summary(self) -> dict[str, Any]:

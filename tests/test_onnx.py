@@ -64,6 +64,63 @@ def test_split_concat_and_pooling_ops_import(tmp_path):
     assert res["status"] == "ok", res
 
 
+def test_clip_with_scalar_initializers_and_elementwise_ops(tmp_path):
+    """Clip's min/max as 0-d initializers (what PyTorch's ReLU6/hardtanh export) stay 0-d
+    through import and weight binding, and build fused and unfused; with Erf, HardSwish, Sub, Div."""
+    from onnx import numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])
+    inits = [numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
+             numpy_helper.from_array(np.full((1, 4, 1, 1), 2.0, np.float32), "s")]
+    nodes = [
+        helper.make_node("Mul", ["x", "s"], ["m"]),
+        helper.make_node("Clip", ["m", "lo", "hi"], ["c"], name="relu6"),
+        helper.make_node("Erf", ["c"], ["e"]), helper.make_node("HardSwish", ["e"], ["h"]),
+        helper.make_node("Sub", ["h", "x"], ["d"]), helper.make_node("Div", ["d", "s"], ["y"]),
+    ]
+    p = _helper_model(tmp_path / "clip.onnx", nodes, [x], y, inits)
+    w = get_workload(model_spec(p))
+    assert w.space.param_values["lo"].shape == ()
+    for label in ("unfused", "default"):
+        res = evaluate_plan(w, w.reference_plan(label), LLVM, QUICK)
+        assert res["status"] == "ok" and res["correct"], (label, res)
+
+
+def test_op_without_a_schedule_runs_as_an_opaque_group(tmp_path):
+    """CumSum has no LegalizeOps rule and its TVM kernel has no blocks to tile: it becomes an
+    opaque group (alone, no knobs, run as TVM wrote it) and the model still builds, tunes and
+    matches onnxruntime; TopK (two outputs) is refused in one line naming the op."""
+    from onnx import numpy_helper
+
+    from autofuse.build import group_anchor
+    from autofuse.partition import Kind
+    from autofuse.search import PlanSpace
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 16])
+    axis = numpy_helper.from_array(np.array(1, np.int64), "axis")
+    p = _helper_model(tmp_path / "cumsum.onnx", [helper.make_node("Relu", ["x"], ["r"]),
+                                                 helper.make_node("CumSum", ["r", "axis"], ["y"], name="scan0")],
+                      [x], y, [axis])
+    w = get_workload(model_spec(p))
+    g = w.graph(True)
+    assert [op.kind for op in g.ops] == [Kind.ELEMWISE, Kind.OPAQUE]
+    assert group_anchor(g, (1,))[0] < 0
+    assert PlanSpace(w)._group_space(g, (1,))[2] == {}
+    for label in ("unfused", "default"):
+        res = evaluate_plan(w, w.reference_plan(label), LLVM, QUICK)
+        assert res["status"] == "ok" and res["correct"], (label, res)
+    r = cli("tune", str(p), "--target", "llvm", "--db", f"sqlite:///{tmp_path / 'o.db'}", "--trials", "4")
+    assert r.returncode == 0, r.stderr
+
+    k = numpy_helper.from_array(np.array([4], np.int64), "k")
+    yk = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 4])
+    p2 = _helper_model(tmp_path / "topk.onnx", [helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=-1)], [x], yk, [k])
+    assert_clean_error(cli("import", str(p2), "--db", f"sqlite:///{tmp_path / 'o.db'}"), 2, "topk")
+
+
 def test_regions_dedup_resnet_and_stitch_default():
     from autofuse.regions import model_regions, stitch
 

@@ -8,6 +8,7 @@ import sys
 import time
 
 import optuna
+import pytest
 
 from helpers import ROOT, cli
 
@@ -146,3 +147,53 @@ def test_resume_fails_trials_killed_before_their_first_heartbeat(tmp_path):
     assert states[:2] == [optuna.trial.TrialState.FAIL] * 2
     waiting = [t.user_attrs.get("label") for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
     assert sorted(waiting) == ["default", "unfused"]
+
+
+def test_new_study_starts_from_the_stored_best_plan_and_seed_templates(tmp_path):
+    """A second study on a DB that already holds a best plan for the workload measures that
+    plan (label db-best) right after the two baselines; seed templates follow."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    r = cli("tune", "conv_bn_relu", "--tiny", "--db", url, "--repeats", "2", "--min-repeat-ms", "1",
+            "--top-k", "1", "--trials", "8", "--seed", "3", "--study", "first", timeout=240)
+    assert r.returncode == 0, r.stderr
+    first = optuna.load_study(study_name="first", storage=url)
+    assert [t.user_attrs.get("label") for t in first.trials[:3]] == ["unfused", "default", "seed:inline"]
+    r = cli("tune", "conv_bn_relu", "--tiny", "--db", url, "--repeats", "2", "--min-repeat-ms", "1",
+            "--top-k", "1", "--trials", "4", "--study", "second", timeout=240)
+    assert r.returncode == 0, r.stderr
+    second = optuna.load_study(study_name="second", storage=url)
+    labels = [t.user_attrs.get("label") for t in second.trials]
+    best = cli("best", "conv_bn_relu", "--tiny", "--target", "llvm", "--db", url)
+    assert best.returncode == 0, best.stderr
+    from autofuse.plan import Plan
+    from autofuse.search import PlanSpace
+    from autofuse.workload import get_workload
+
+    stored = Plan.from_json(best.stdout)
+    w = get_workload("conv_bn_relu", tiny=True)
+    space = PlanSpace(w)
+    baselines = [space.params_of(w.reference_plan(label)) for label in ("unfused", "default")]
+    assert ("db-best" in labels) == (space.params_of(stored) not in baselines)  # same plan: not measured twice
+    if "db-best" in labels:
+        assert labels[2] == "db-best"
+        assert second.trials[2].user_attrs["plan_hash"] == stored.hash
+    r = cli("tune", "conv_bn_relu", "--tiny", "--db", url, "--repeats", "1", "--min-repeat-ms", "1",
+            "--top-k", "1", "--trials", "3", "--study", "third", "--no-warm-start", timeout=240)
+    assert r.returncode == 0, r.stderr
+    third = optuna.load_study(study_name="third", storage=url)
+    assert [t.user_attrs.get("label") for t in third.trials] == ["unfused", "default", "seed:inline"]
+
+
+def test_seed_trials_put_a_stored_plan_first_and_skip_ones_outside_the_space():
+    from autofuse.search import PlanSpace
+    from autofuse.workload import get_workload
+
+    w = get_workload("layernorm_residual", tiny=True)
+    space = PlanSpace(w)
+    fused = w.partition_plan(((0, 1),), True, "fused", [{"reduce_vector": 8}])
+    seeds = space.seed_trials(fused)
+    assert seeds[0] == (space.params_of(fused), "db-best")
+    assert space.params_of(w.reference_plan("default")) not in [p for p, _ in seeds]
+    odd = w.partition_plan(((0,), (1,)), True, "odd", [{"t0": 5}, {}])  # 5 is no candidate tile
+    with pytest.warns(UserWarning, match="outside the search space"):
+        assert [label for _, label in space.seed_trials(odd)] == [label for _, label in seeds[1:]]
