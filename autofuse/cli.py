@@ -154,12 +154,15 @@ plan_option = click.option("--plan", "plan_text", default="default", show_defaul
                            help="unfused, default, or a plan JSON file.")
 
 
+def _plan_command_args(f: Callable) -> Callable:
+    """SPACE, --plan, --target, --json, --tiny: what `run` and `build` share."""
+    for option in reversed((click.argument("space"), plan_option, target_option, json_option, tiny_option)):
+        f = option(f)
+    return f
+
+
 @main.command()
-@click.argument("space")
-@plan_option
-@target_option
-@json_option
-@tiny_option
+@_plan_command_args
 @click.option("--repeats", default=10, show_default=True, help="Timed repeats (median reported).")
 @click.option("--min-repeat-ms", default=50, show_default=True, help="Minimum duration of one repeat.")
 @click.option("--cache-flush", is_flag=True, help="Flush CPU caches between repeats.")
@@ -198,11 +201,7 @@ def run(space: str, plan_text: str, target_text: str, as_json: bool, tiny: bool,
 
 
 @main.command()
-@click.argument("space")
-@plan_option
-@target_option
-@json_option
-@tiny_option
+@_plan_command_args
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Library to write (.so).")
 def build(space: str, plan_text: str, target_text: str, as_json: bool, tiny: bool, output: str) -> None:
     """Build a plan into a library without running it (e.g. for a GPU this machine lacks)."""

@@ -831,14 +831,17 @@ def _target_matches(target_json: str, needle: str) -> bool:
     return kind == needle or needle in target_json
 
 
-def _put_workload(conn: Connection, hash_: str, name: str, graph_json: str) -> int:
-    wid = conn.execute(select(af_workloads.c.id).where(af_workloads.c.hash == hash_)).scalar()
-    if wid is not None:
-        return int(wid)
-    res = conn.execute(
-        af_workloads.insert().values(hash=hash_, name=name, graph_json=graph_json, created_at=utc_now_iso())
-    )
+def _get_or_insert(conn: Connection, table: Any, key: dict[str, Any], values: dict[str, Any]) -> int:
+    """Id of the row of ``table`` matching ``key``; inserted (key + values + created_at) if none."""
+    found = conn.execute(select(table.c.id).where(*(table.c[k] == v for k, v in key.items()))).scalar()
+    if found is not None:
+        return int(found)
+    res = conn.execute(table.insert().values(**key, **values, created_at=utc_now_iso()))
     return int(res.inserted_primary_key[0])
+
+
+def _put_workload(conn: Connection, hash_: str, name: str, graph_json: str) -> int:
+    return _get_or_insert(conn, af_workloads, {"hash": hash_}, {"name": name, "graph_json": graph_json})
 
 
 def _put_target(conn: Connection, target: dict, host: dict) -> int:
@@ -846,21 +849,8 @@ def _put_target(conn: Connection, target: dict, host: dict) -> int:
         raise TypeError("target and host must be dicts")
     tjson, hjson = canonical_json(target), canonical_json(host)
     thash, hhash = _sha(tjson), _sha(hjson)
-    key = f"{thash}|{hhash}"
-    tid = conn.execute(select(af_targets.c.id).where(af_targets.c.key == key)).scalar()
-    if tid is not None:
-        return int(tid)
-    res = conn.execute(
-        af_targets.insert().values(
-            key=key,
-            target_hash=thash,
-            host_hash=hhash,
-            target_json=tjson,
-            host_json=hjson,
-            created_at=utc_now_iso(),
-        )
-    )
-    return int(res.inserted_primary_key[0])
+    return _get_or_insert(conn, af_targets, {"key": f"{thash}|{hhash}"},
+                          {"target_hash": thash, "host_hash": hhash, "target_json": tjson, "host_json": hjson})
 
 
 def _put_plan(
@@ -870,24 +860,8 @@ def _put_plan(
     if wid is None:
         raise DBError(f"unknown workload {workload_hash!r}; call put_workload first")
     tid = _put_target(conn, target, host)
-    pid = conn.execute(
-        select(af_plans.c.id).where(
-            af_plans.c.workload_id == wid, af_plans.c.target_id == tid, af_plans.c.plan_hash == plan_hash
-        )
-    ).scalar()
-    if pid is not None:
-        return int(pid)
-    res = conn.execute(
-        af_plans.insert().values(
-            workload_id=wid,
-            target_id=tid,
-            plan_hash=plan_hash,
-            plan_json=plan_json,
-            label=label,
-            created_at=utc_now_iso(),
-        )
-    )
-    return int(res.inserted_primary_key[0])
+    return _get_or_insert(conn, af_plans, {"workload_id": wid, "target_id": tid, "plan_hash": plan_hash},
+                          {"plan_json": plan_json, "label": label})
 
 
 def _add_measurement(conn: Connection, values: dict[str, Any]) -> int:

@@ -29,7 +29,7 @@ from autofuse.db import DEFAULT_URL, PlanDB
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
 from autofuse.runner import OK, REJECTED, IsolatedRunner
-from autofuse.search import PlanSpace, make_sampler
+from autofuse.search import LocalMutation, PlanSpace, make_sampler
 from autofuse.storage import BatchedRDBStorage
 from autofuse.target import Target, host_fingerprint, parse_target
 from autofuse.workload import REFERENCE_PLANS, get_workload
@@ -52,6 +52,7 @@ class JobConfig:
     workers: int = 1
     resume: bool = False
     warm_start: bool = True  # a new study measures the DB's best plan for the workload early
+    mutation_rate: float = 0.5  # share of trials that mutate the best plan (none with sampler "random")
     timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=20, warmup=1))
     final_timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=50, warmup=2))
     candidate_timeout_s: float = 300.0
@@ -222,6 +223,9 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
         return float(res["median_ms"])
 
     callbacks: list[Any] = []
+    if cfg.sampler != "random" and cfg.mutation_rate > 0:  # random search stays a pure baseline
+        callbacks.append(LocalMutation(cfg.mutation_rate, None if cfg.seed is None else cfg.seed + 1000 * worker_id,
+                                       max_trials=cfg.trials))
     if progress is not None:
         callbacks.append(lambda st, _t: progress(st))
     if cfg.trials is not None:

@@ -9,6 +9,7 @@ sampler learns which choice helps which kernel whatever the rest of the plan is.
 
 from __future__ import annotations
 
+import random
 import warnings
 from typing import Any
 
@@ -122,6 +123,59 @@ class PlanSpace:
         space = knob_space(nest, self.overrides, producers=shape.producers, epilogue=shape.epilogue,
                            side_reductions=shape.side_reductions)
         return anchor_op(g, group), nest, space
+
+
+class LocalMutation:
+    """Study callback: after a trial, with probability ``rate``, enqueue the best trial's
+    parameters with one or two of them changed (a tile to its neighbour, a flag flipped, a
+    fusion decision turned).  TPE over 50-150 categorical parameters is slow to refine a good
+    plan one knob at a time; this is the mutation step of an evolutionary search (Ansor's),
+    riding on Optuna's queue so that every worker and the storage see it as a normal trial."""
+
+    def __init__(self, rate: float = 0.5, seed: int | None = None, max_trials: int | None = None):
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.max_trials = max_trials  # the study's budget: nothing is queued past it
+
+    def __call__(self, study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+        if self.rng.random() >= self.rate:
+            return
+        waiting, running, *finished = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING,
+                                       optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+                                       optuna.trial.TrialState.FAIL)
+        if study.get_trials(deepcopy=False, states=(waiting,)):
+            return  # baselines, seeds or an earlier mutation still queued
+        if self.max_trials is not None and len(study.get_trials(deepcopy=False, states=(running, *finished))) >= self.max_trials:
+            return
+        try:
+            best = study.best_trial
+        except ValueError:  # nothing completed yet
+            return
+        seen = [t.params for t in study.get_trials(deepcopy=False)]
+        for _ in range(8):  # a few tries for a plan not measured yet
+            params = self.mutate(best.params, best.distributions)
+            if params is None:
+                return
+            if params not in seen:
+                study.enqueue_trial(params, user_attrs={"label": "mutation"})
+                return
+
+    def mutate(self, params: dict[str, Any], dists: dict[str, Any]) -> dict[str, Any] | None:
+        names = [n for n, d in dists.items()
+                 if isinstance(d, optuna.distributions.CategoricalDistribution) and len(d.choices) > 1]
+        if not names:
+            return None
+        out = dict(params)
+        for name in self.rng.sample(names, k=min(len(names), self.rng.choice((1, 1, 2)))):
+            choices = list(dists[name].choices)
+            i = choices.index(out[name])
+            near = [c for j, c in enumerate(choices) if abs(j - i) == 1]
+            numeric = all(isinstance(c, int) and not isinstance(c, bool) for c in choices)
+            if numeric and near and self.rng.random() < 0.7:  # tiles, unroll steps: the next size up or down
+                out[name] = self.rng.choice(near)
+            else:
+                out[name] = self.rng.choice([c for c in choices if c != out[name]])
+        return out
 
 
 def make_sampler(name: str, seed: int | None, workers: int = 1) -> optuna.samplers.BaseSampler:

@@ -197,3 +197,38 @@ def test_seed_trials_put_a_stored_plan_first_and_skip_ones_outside_the_space():
     odd = w.partition_plan(((0,), (1,)), True, "odd", [{"t0": 5}, {}])  # 5 is no candidate tile
     with pytest.warns(UserWarning, match="outside the search space"):
         assert [label for _, label in space.seed_trials(odd)] == [label for _, label in seeds[1:]]
+
+
+def test_local_mutation_queues_a_neighbour_of_the_best_trial():
+    """The mutation callback enqueues the best trial with one or two parameters changed,
+    each to another of its choices (tiles mostly to a neighbouring size), and nothing
+    while trials are queued or once the budget is reached."""
+    from autofuse.search import LocalMutation
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    tiles = [1, 2, 4, 8, 16, 32]
+
+    def objective(t):
+        return abs(t.suggest_categorical("t0", tiles) - 8) + (0 if t.suggest_categorical("vector", [True, False]) else 5)
+
+    study.optimize(objective, n_trials=8)
+    mut = LocalMutation(rate=1.0, seed=1)
+    best = study.best_trial.params
+    mut(study, study.trials[-1])
+    (queued,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    fixed = queued.system_attrs["fixed_params"]
+    changed = {k for k in best if fixed[k] != best[k]}
+    assert 1 <= len(changed) <= 2
+    assert all(fixed[k] in (tiles if k == "t0" else [True, False]) for k in changed)
+    assert fixed not in [t.params for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert queued.user_attrs["label"] == "mutation"
+    mut(study, study.trials[-1])  # one already queued: nothing more
+    assert len(study.get_trials(states=(optuna.trial.TrialState.WAITING,))) == 1
+    study.optimize(objective, n_trials=1)
+    LocalMutation(rate=1.0, seed=1, max_trials=9)(study, study.trials[-1])  # budget reached
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    steps = []
+    for seed in range(40):
+        out = LocalMutation(seed=seed).mutate({"t0": 8}, {"t0": optuna.distributions.CategoricalDistribution(tiles)})
+        steps.append(abs(tiles.index(out["t0"]) - tiles.index(8)))
+    assert steps.count(1) > len(steps) / 2  # mostly a neighbouring tile
