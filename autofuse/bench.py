@@ -268,7 +268,10 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
 
     def metaschedule_col() -> _Runnable:
         work = out_dir / f"ms-{w.space.name}"
-        curve, info = metaschedule.tune(w.space.name, w.tiny, target, budget_s, work, seed=seed)
+        from autofuse.onnx_import import model_spec
+
+        name = model_spec(model_path, source.get("shapes")) if model_path else w.space.name  # what the child loads
+        curve, info = metaschedule.tune(name, w.tiny, target, budget_s, work, seed=seed)
         extra["metaschedule_curve"] = curve
         extra["metaschedule"] = info
         mod, tuned, total = metaschedule.apply_best(w.graph(True).mod, target, work)

@@ -135,7 +135,7 @@ def _tune_model(spec: str, kw: dict[str, Any]) -> None:
     def progress(i: dict[str, Any]) -> None:
         est = i["model_estimate_ms"]
         ms = f"{i['ms']:.4f} ms" if i["ms"] is not None else i["status"]
-        click.echo(f"[{i['trial']}/{i['budget']}] region {i['region_index']}/{i['regions']} {i['region']} "
+        click.echo(f"[{i['trial']}/{i['budget'] or 'until timeout'}] region {i['region_index']}/{i['regions']} {i['region']} "
                    f"(x{i['instances']}, {i['label']}): {ms}; region best "
                    f"{'-' if i['region_best_ms'] is None else format(i['region_best_ms'], '.4f')} ms; "
                    f"model estimate {'-' if est is None else format(est, '.4f') + ' ms'}"

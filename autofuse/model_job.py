@@ -150,7 +150,10 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
                 study.enqueue_trial(params, user_attrs={"label": label})
                 st.queued += 1
         states.append(st)
-    budget = cfg.trials if cfg.trials is not None else 4 * len(states)
+    if cfg.trials is not None:
+        budget: int | None = cfg.trials
+    else:  # a timeout alone: trials until it (budget None); neither: a short default job
+        budget = None if cfg.timeout_s is not None else 4 * len(states)
     deadline = None if cfg.timeout_s is None else time.time() + cfg.timeout_s
     timing = asdict(cfg.timing)
     done = 0
@@ -160,7 +163,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
         return None if any(v is None for _, v in vals) else sum(c * v for c, v in vals)
 
     with IsolatedRunner(cfg.candidate_timeout_s, cfg.mem_limit_mb) as runner:
-        while done < budget and (deadline is None or time.time() < deadline):
+        while (budget is None or done < budget) and (deadline is None or time.time() < deadline):
             st = max(states, key=lambda s: s.priority(cfg.window, done))
             trial = st.study.ask()
             label = trial.user_attrs.get("label", "tuned")

@@ -157,6 +157,24 @@ def test_tiny_whole_model_tune_export_load(tmp_path):
     assert np.all(np.abs(again(**acts) - expected) <= tol)
 
 
+def test_model_tune_with_only_a_timeout_runs_until_the_timeout(tmp_path):
+    """`tune model.onnx --timeout T` keeps tuning regions until T (no hidden trial cap)."""
+    from onnx import numpy_helper
+
+    from autofuse.model_job import ModelTuneConfig, tune_model
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])
+    s = numpy_helper.from_array(np.full((1, 4, 1, 1), 2.0, np.float32), "s")
+    p = _helper_model(tmp_path / "small.onnx", [helper.make_node("Mul", ["x", "s"], ["m"]),
+                                                helper.make_node("Sigmoid", ["m"], ["y"])], [x], y, [s])
+    res = tune_model(ModelTuneConfig(model_spec(p), db_url=f"sqlite:///{tmp_path / 's.db'}", timeout_s=6,
+                                     timing=QUICK, final_timing=QUICK))
+    assert res["budget"] is None
+    assert res["wall_s"] >= 6
+    assert res["final"]["stitched"]["status"] == "ok"
+
+
 def test_cli_import_then_tune_and_export_by_name(tmp_path):
     db = f"sqlite:///{tmp_path / 'c.db'}"
     model = str(MODELS / "transformer_encoder.onnx")

@@ -158,13 +158,13 @@ def test_new_study_starts_from_the_stored_best_plan_and_seed_templates(tmp_path)
     assert r.returncode == 0, r.stderr
     first = optuna.load_study(study_name="first", storage=url)
     assert [t.user_attrs.get("label") for t in first.trials[:3]] == ["unfused", "default", "seed:inline"]
+    best = cli("best", "conv_bn_relu", "--tiny", "--target", "llvm", "--db", url)  # what the second study finds
+    assert best.returncode == 0, best.stderr
     r = cli("tune", "conv_bn_relu", "--tiny", "--db", url, "--repeats", "2", "--min-repeat-ms", "1",
             "--top-k", "1", "--trials", "4", "--study", "second", timeout=240)
     assert r.returncode == 0, r.stderr
     second = optuna.load_study(study_name="second", storage=url)
     labels = [t.user_attrs.get("label") for t in second.trials]
-    best = cli("best", "conv_bn_relu", "--tiny", "--target", "llvm", "--db", url)
-    assert best.returncode == 0, best.stderr
     from autofuse.plan import Plan
     from autofuse.search import PlanSpace
     from autofuse.workload import get_workload
