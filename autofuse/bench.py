@@ -190,6 +190,12 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
     extra: dict[str, Any] = {}
     source = getattr(w.space, "source", None) or {}
     model_path = source.get("path")  # an imported ONNX model rather than a hand-written space
+    # what a child process (model tune, MetaSchedule) loads the workload by
+    spec = w.space.name
+    if model_path:
+        from autofuse.onnx_import import model_spec
+
+        spec = model_spec(model_path, source.get("shapes"))
 
     def guarded(name: str, make: Callable[[], _Runnable | None]) -> None:
         if name not in include:
@@ -239,9 +245,7 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
     def autofuse_model_col() -> _Runnable:
         """A whole model: regions tuned within the budget, their best plans stitched."""
         from autofuse.model_job import ModelTuneConfig, tune_model
-        from autofuse.onnx_import import model_spec
-
-        result = tune_model(ModelTuneConfig(model=model_spec(model_path, source.get("shapes")), timeout_s=budget_s,
+        result = tune_model(ModelTuneConfig(model=spec, timeout_s=budget_s,
                                             db_url=db_url, seed=seed, candidate_timeout_s=candidate_timeout))
         extra["autofuse_model_job"] = {k: v for k, v in result.items() if k != "regions_detail"}
         return best_plan_runnable(f"{result['trials']} region trials")
@@ -268,10 +272,7 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
 
     def metaschedule_col() -> _Runnable:
         work = out_dir / f"ms-{w.space.name}"
-        from autofuse.onnx_import import model_spec
-
-        name = model_spec(model_path, source.get("shapes")) if model_path else w.space.name  # what the child loads
-        curve, info = metaschedule.tune(name, w.tiny, target, budget_s, work, seed=seed)
+        curve, info = metaschedule.tune(spec, w.tiny, target, budget_s, work, seed=seed)
         extra["metaschedule_curve"] = curve
         extra["metaschedule"] = info
         mod, tuned, total = metaschedule.apply_best(w.graph(True).mod, target, work)

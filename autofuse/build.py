@@ -148,9 +148,14 @@ def _kernel_names(mod: tvm.IRModule, order: list[int], group_funcs: dict) -> lis
     return kernels
 
 
+def _group_nests(graph: Graph, group: tuple[int, ...]) -> list:
+    """(name, loop nest) of every block of the group's fused kernel, in order."""
+    return [n for i in group for n in _op_nests(graph, graph.ops[i].func)]
+
+
 def group_anchor(graph: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest]:
     """The anchor block of a group (index among the fused kernel's blocks) and its loop nest."""
-    nests = [n for i in group for n in _op_nests(graph, graph.ops[i].func)]
+    nests = _group_nests(graph, group)
     if not nests:
         return -1, UNSCHEDULED
     a = anchor_index(nests)
@@ -158,7 +163,6 @@ def group_anchor(graph: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest]:
 
 
 UNSCHEDULED = LoopNest((), ())  # the "loop nest" of a group without blocks: it has no knobs
-
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,7 @@ class GroupShape:
 
 
 def group_shape(graph: Graph, group: tuple[int, ...]) -> GroupShape:
-    nests = [n for i in group for n in _op_nests(graph, graph.ops[i].func)]
+    nests = _group_nests(graph, group)
     a = anchor_index(nests)
     side = any(nest.has_reduction for i, (_, nest) in enumerate(nests) if i != a)
     return GroupShape(a > 0, a < len(nests) - 1, side)

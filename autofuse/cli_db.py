@@ -22,7 +22,6 @@ from autofuse.db import DEFAULT_URL, normalize_url
 __all__ = ["register"]
 
 
-
 def db_url_callback(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     return normalize_url(value) if value else value
 

@@ -316,7 +316,11 @@ def prepare_study(cfg: JobConfig) -> optuna.Study:
         space = PlanSpace(w)
         for label in REFERENCE_PLANS:
             study.enqueue_trial(space.params_of(w.reference_plan(label)), user_attrs={"label": label})
-        for params, label in space.seed_trials(_stored_best(cfg, w.hash, target) if cfg.warm_start else None):
+        stored = None
+        if cfg.warm_start:
+            with PlanDB(cfg.db_url) as db:
+                stored = stored_best_plan(db, w.hash, target, host_fingerprint())
+        for params, label in space.seed_trials(stored):
             study.enqueue_trial(params, user_attrs={"label": label})
     else:
         _fail_orphaned_trials(study, storage, grace_s=2 * cfg.heartbeat_s)
@@ -329,11 +333,17 @@ def prepare_study(cfg: JobConfig) -> optuna.Study:
     return study
 
 
-def _stored_best(cfg: JobConfig, workload_hash: str, target: Target) -> Plan | None:
-    """The best plan any earlier job stored for this workload and target (warm start)."""
-    with PlanDB(cfg.db_url) as db:
-        best = db.best_plan(workload_hash, target.spec, host=host_fingerprint())
-    return None if best is None else Plan.from_json(best.plan_json)
+def stored_best_plan(db: PlanDB, workload_hash: str, target: Target, host: dict) -> Plan | None:
+    """The best plan any earlier job stored for this workload and target (a warm start);
+    a stored plan that no longer parses is skipped with a warning, never fatal."""
+    best = db.best_plan(workload_hash, target.spec, host=host)
+    if best is None:
+        return None
+    try:
+        return Plan.from_json(best.plan_json)
+    except Exception as e:  # noqa: BLE001 - stale or damaged stored plan
+        log.warning("workload %s: stored best plan not usable: %s", workload_hash, e)
+        return None
 
 
 def _fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorage, grace_s: float) -> None:

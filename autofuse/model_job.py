@@ -34,6 +34,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 import autofuse
 from autofuse.db import DEFAULT_URL, PlanDB
+from autofuse.job import stored_best_plan
 from autofuse.measure import TimingConfig
 from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
@@ -137,13 +138,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
         default = rw.reference_plan("default")
         study.enqueue_trial(st.space.params_of(default), user_attrs={"label": "default"})
         st.queued = 1
-        prev = db.best_plan(rw.hash, target.spec, host=host)
-        stored = None
-        if prev is not None:
-            try:
-                stored = Plan.from_json(prev.plan_json)
-            except Exception as e:  # noqa: BLE001 - a stale stored plan is skipped, not fatal
-                log.warning("region %s: stored best plan not usable: %s", h, e)
+        stored = stored_best_plan(db, rw.hash, target, host)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a stored plan outside today's space is skipped
             for params, label in st.space.seed_trials(stored):

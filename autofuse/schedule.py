@@ -368,16 +368,16 @@ def _vectorize_partial_sums(sch: s_tir.Schedule, name: str, k: dict[str, Any]) -
         owner.append(hits[0] if hits else None)
     kinds = [int(iv.iter_type) for iv in realize.block.iter_vars]
     reduce_idx = [o for o, kind in zip(owner, kinds) if kind == 2]
-    lane = owner[0]
-    if lane is None or None in reduce_idx or not reduce_idx:
+    lane_idx = owner[0]
+    if lane_idx is None or None in reduce_idx or not reduce_idx:
         return
     own = [i for i, l in enumerate(loops) if len(sch.get_child_blocks(l)) == 1]  # not tile loops shared
-    if lane not in own or any(i not in own for i in reduce_idx) or own != list(range(own[0], len(loops))):
+    if lane_idx not in own or any(i not in own for i in reduce_idx) or own != list(range(own[0], len(loops))):
         return
-    spatial = [loops[i] for i in own if i != lane and i not in reduce_idx]
+    spatial = [loops[i] for i in own if i != lane_idx and i not in reduce_idx]
     reduce_loops = [loops[i] for i in sorted(reduce_idx)]
     shared = own[0] > 0
-    lane = loops[lane]
+    lane = loops[lane_idx]
     sch.reorder(*(spatial + reduce_loops + [lane]))
     if not shared and spatial and k["parallel"]:
         _try(lambda: sch.parallel(spatial[0]))

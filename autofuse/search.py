@@ -88,7 +88,7 @@ class PlanSpace:
     def seed_trials(self, stored_best: Plan | None = None) -> list[tuple[dict[str, Any], str]]:
         """(params, label) of the plans a new study measures right after its baselines: the
         best plan already stored for this workload and target (a warm start), and the
-        default partition under schedule templates that often win (see ``seed_schedules``)."""
+        default partition under schedule templates that often win (see ``seed_schedule``)."""
         w = self.workload
         default = w.reference_plan("default")
         seeds: list[tuple[dict[str, Any], str]] = []
@@ -140,18 +140,16 @@ class LocalMutation:
     def __call__(self, study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
         if self.rng.random() >= self.rate:
             return
-        waiting, running, *finished = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING,
-                                       optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
-                                       optuna.trial.TrialState.FAIL)
-        if study.get_trials(deepcopy=False, states=(waiting,)):
+        trials = study.get_trials(deepcopy=False)  # one storage read for all three checks below
+        if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
             return  # baselines, seeds or an earlier mutation still queued
-        if self.max_trials is not None and len(study.get_trials(deepcopy=False, states=(running, *finished))) >= self.max_trials:
+        if self.max_trials is not None and len(trials) >= self.max_trials:
             return
         try:
             best = study.best_trial
         except ValueError:  # nothing completed yet
             return
-        seen = [t.params for t in study.get_trials(deepcopy=False)]
+        seen = [t.params for t in trials]
         for _ in range(8):  # a few tries for a plan not measured yet
             params = self.mutate(best.params, best.distributions)
             if params is None:
