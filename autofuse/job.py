@@ -30,7 +30,7 @@ from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
 from autofuse.runner import OK, REJECTED, IsolatedRunner
 from autofuse.search import LocalMutation, PlanSpace, make_sampler
-from autofuse.storage import BatchedRDBStorage
+from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target
 from autofuse.workload import REFERENCE_PLANS, get_workload
 
@@ -92,40 +92,7 @@ def parse_duration(text: str) -> float:
 
 
 def storage_for(cfg: JobConfig) -> optuna.storages.RDBStorage:
-    storage = BatchedRDBStorage(
-        cfg.db_url,
-        engine_kwargs={"connect_args": {"timeout": 60}} if cfg.db_url.startswith("sqlite") else None,
-        heartbeat_interval=cfg.heartbeat_s,
-        grace_period=2 * cfg.heartbeat_s,
-    )
-    if cfg.db_url.startswith("sqlite"):
-        _begin_immediate(storage.engine)
-    return storage
-
-
-def _begin_immediate(engine: Any) -> None:
-    """Optuna's SQLite transactions start as ``BEGIN IMMEDIATE`` (as the plan DB's writes do).
-
-    pysqlite's deferred BEGIN makes a transaction that read first and then writes
-    upgrade its lock; with several workers that upgrade fails at once with
-    "database is locked" (no busy wait in WAL mode), which Optuna raises as
-    StorageInternalError and the worker died.  Taking the write lock up front
-    makes every transaction wait its turn (busy timeout 60 s) instead."""
-    from sqlalchemy import event
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_con: Any, _record: Any) -> None:
-        dbapi_con.isolation_level = None  # SQLAlchemy's recipe: we emit BEGIN ourselves
-        # Optuna commits every sampled parameter on its own; a full fsync per commit made
-        # sampling + storage about a third of a job's time. In WAL mode NORMAL stays
-        # consistent after a crash (a power loss may drop the last commits).
-        dbapi_con.execute("PRAGMA synchronous=NORMAL")
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    engine.dispose()  # connections made while Optuna set up its tables get the hooks too
+    return open_storage(cfg.db_url, cfg.heartbeat_s)
 
 
 class _StopFlag:

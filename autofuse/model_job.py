@@ -2,10 +2,14 @@
 
 1. The model (an ONNX file, see :mod:`autofuse.onnx_import`) is cut into regions
    (:mod:`autofuse.regions`); equal regions are tuned once.
-2. Every region starts from its TVM default plan and, when the plan DB already has
-   a verified plan for its structural hash (from an earlier run or another model),
-   from that plan too, then the schedule templates of ``PlanSpace.seed_trials`` (all
-   enqueued; every region measures its default before any region its second plan).
+2. Every distinct region has an Optuna study of its own in the job's storage, named by
+   the region's hash and the target, shared by every model that holds the region: a
+   rerun (after a crash, or another model) continues its history.  A new study starts
+   from the TVM default plan and, when the plan DB already has a verified plan for the
+   region (from an earlier job), from that plan too, then the schedule templates of
+   ``PlanSpace.seed_trials`` (all enqueued; every region measures its default before
+   any region its second plan).  After that, half the trials of a region mutate its
+   best plan (``LocalMutation``), the other half come from the sampler.
 3. The rest of the trial budget goes, one trial at a time, to the region with the
    highest Ansor-style priority: its share of the model's time (instances x best
    latency) times how much it is still improving (best latency gained over its
@@ -40,8 +44,9 @@ from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
 from autofuse.regions import model_regions, stitch
 from autofuse.runner import OK, IsolatedRunner
-from autofuse.search import PlanSpace, make_sampler
-from autofuse.target import host_fingerprint, parse_target
+from autofuse.search import LocalMutation, PlanSpace, make_sampler
+from autofuse.storage import open_storage
+from autofuse.target import Target, host_fingerprint, parse_target
 from autofuse.workload import Workload, get_workload
 
 log = logging.getLogger("autofuse.model_job")
@@ -61,6 +66,7 @@ class ModelTuneConfig:
     candidate_timeout_s: float = 300.0
     mem_limit_mb: int | None = None
     window: int = 3  # trials over which a region's improvement is measured
+    mutation_rate: float = 0.5  # share of a region's trials that mutate its best plan (none with "random")
 
 
 def region_spec(model_spec: str, h: str) -> str:
@@ -130,21 +136,10 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
     import tvm
 
     study_name = f"{w.name}@{target.kind}-{w.hash[:8]}#regions"
-    states: list[_RegionState] = []
-    for i, (h, rw) in enumerate(rs.workloads.items()):
-        study = optuna.create_study(direction="minimize",
-                                    sampler=make_sampler(cfg.sampler, None if cfg.seed is None else cfg.seed + i))
-        st = _RegionState(h, rw, rs.count(h), study, PlanSpace(rw))
-        default = rw.reference_plan("default")
-        study.enqueue_trial(st.space.params_of(default), user_attrs={"label": "default"})
-        st.queued = 1
-        stored = stored_best_plan(db, rw.hash, target, host)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a stored plan outside today's space is skipped
-            for params, label in st.space.seed_trials(stored):
-                study.enqueue_trial(params, user_attrs={"label": label})
-                st.queued += 1
-        states.append(st)
+    storage = open_storage(cfg.db_url)
+    states = [_region_state(cfg, storage, db, target, host, h, rw, rs.count(h), i)
+              for i, (h, rw) in enumerate(rs.workloads.items())]
+    mutation = LocalMutation(cfg.mutation_rate, cfg.seed) if cfg.sampler != "random" and cfg.mutation_rate > 0 else None
     if cfg.trials is not None:
         budget: int | None = cfg.trials
     else:  # a timeout alone: trials until it (budget None); neither: a short default job
@@ -162,6 +157,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
             st = max(states, key=lambda s: s.priority(cfg.window, done))
             trial = st.study.ask()
             label = trial.user_attrs.get("label", "tuned")
+            trial.set_user_attr("label", label)
             if st.queued:
                 st.queued -= 1
             plan, _ = st.space.suggest(trial)
@@ -186,6 +182,8 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
             done += 1
             if st.best_ms is not None:
                 st.history.append(st.best_ms)
+            if mutation is not None and not st.queued:  # queued in the study, not a priority seed
+                mutation(st.study, None)
             info = {"trial": done, "budget": budget, "region": st.h, "region_index": states.index(st) + 1,
                     "regions": len(states), "instances": st.count, "label": label, "status": res["status"],
                     "ms": res.get("median_ms"), "region_best_ms": st.best_ms, "error": res.get("error"),
@@ -226,6 +224,64 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
         "estimate_ms": estimate(), "default_estimate_ms": estimate("default_ms"),
         "final": final, "speedup_vs_default": (d / s) if d and s else None,
     }
+
+
+def region_study_name(rw: Workload, target: Target) -> str:
+    """One Optuna study per region and target, shared by every model holding the region."""
+    tag = target.spec.get("mcpu") or target.spec.get("arch") or ""
+    return f"region-{rw.hash}@{target.kind}{'-' + tag if tag else ''}"
+
+
+def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db: PlanDB, target: Target,
+                  host: dict, h: str, rw: Workload, count: int, i: int) -> _RegionState:
+    """The region's study, created or continued: a new one gets the default plan, the DB's best
+    and the seed templates queued; a continued one its history back (trials, best, default)
+    and its default queued again only if it never completed."""
+    sampler = make_sampler(cfg.sampler, None if cfg.seed is None else cfg.seed + i)
+    name = region_study_name(rw, target)
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="minimize",
+                                load_if_exists=True)
+    st = _RegionState(h, rw, count, study, PlanSpace(rw))
+    trials = study.get_trials(deepcopy=False)
+    _fail_stale_running(storage, trials, cfg.candidate_timeout_s + 60)
+    for t in trials:
+        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL):
+            continue
+        st.trials += 1
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            st.best_ms = t.value if st.best_ms is None else min(st.best_ms, t.value)
+            if t.user_attrs.get("label") == "default":
+                st.default_ms = t.value
+        if st.best_ms is not None:
+            st.history.append(st.best_ms)
+    labels = {t.user_attrs.get("label") for t in trials if t.state in _ALIVE}
+    if "default" not in labels:
+        study.enqueue_trial(st.space.params_of(rw.reference_plan("default")), user_attrs={"label": "default"})
+    if not trials:
+        stored = stored_best_plan(db, rw.hash, target, host)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a stored plan outside today's space is skipped
+            for params, label in st.space.seed_trials(stored):
+                study.enqueue_trial(params, user_attrs={"label": label})
+    st.queued = _waiting(study)
+    return st
+
+
+_ALIVE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+
+
+def _waiting(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+
+
+def _fail_stale_running(storage: optuna.storages.BaseStorage, trials: list[optuna.trial.FrozenTrial], age_s: float) -> None:
+    """A RUNNING trial older than any candidate may take belongs to a killed job: failed."""
+    import datetime
+
+    now = datetime.datetime.now()
+    for t in trials:
+        if t.state == optuna.trial.TrialState.RUNNING and (now - (t.datetime_start or now)).total_seconds() > age_s:
+            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 
 
 def _finite(x: Any) -> float | None:

@@ -8,7 +8,12 @@ the anchor's loop nest and say where every other block of the group goes:
   loop; need not divide the extent: TVM then adds a predicate).
   Loop order: spatial outer tiles, reduction outer, reduction inner, spatial inner
   (a register tile for GEMM/conv).
-- ``parallel``: how many outer spatial tile loops are fused into one parallel loop.
+- ``outer_first``: which outer spatial tile loop runs outermost (the others keep their
+  order).  For a GEMM, 1 puts the column tiles outside the row tiles, so each column
+  strip of the weight stays in cache while all rows use it, instead of the whole weight
+  streaming from memory once per row tile.
+- ``parallel``: how many outer spatial tile loops (in that order) are fused into one
+  parallel loop.
 - ``vector``: vectorize the innermost spatial loop; ``unroll``: auto-unroll max step.
 - ``inline_producers``: inline producers (padding, residual adds) into the anchor's
   reads; otherwise they are computed per tile at ``producer_at`` (materialized
@@ -35,7 +40,7 @@ from tvm import s_tir, tirx
 from autofuse.plan import PlanError
 
 BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue")
-INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector")
+INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector", "outer_first")
 UNROLL_STEPS = (0, 16, 64, 256)
 REDUCE_VECTOR_WIDTHS = (0, 8, 16, 32, 64)
 MAX_ACCUMULATORS = 512  # inner spatial tile of a reduction (e.g. 8 x 64 floats = 32 zmm registers)
@@ -115,7 +120,7 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
         # (padding, GELU) would be recomputed for every column tile
         inline_producers=not nest.has_reduction,
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
-        reduce_vector=16,
+        reduce_vector=16, outer_first=0,
     )
     return knobs
 
@@ -156,6 +161,7 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, produ
         space[f"r{j}"] = sorted({1} | {2**k for k in range(1, 5) if 2**k <= ext} | ({ext} if ext <= 16 else set()))
     n = len(nest.spatial)
     space["parallel"] = list(range(0, min(3, n) + 1))
+    space["outer_first"] = list(range(max(1, n)))
     space["vector"] = [True, False]
     space["unroll"] = list(overrides.get("unroll", UNROLL_STEPS))
     space["inline_producers"] = [False, True]
@@ -189,6 +195,8 @@ def resolve_knobs(nest: LoopNest, knobs: dict[str, Any]) -> dict[str, Any]:
             ext = (nest.spatial if key[0] == "t" else nest.reduce)[int(key[1:])]
             if not 1 <= value <= ext:
                 raise PlanError(f"tile {key}={value} is out of range 1..{ext} (loop extent {ext})")
+        elif key == "outer_first" and not 0 <= value < max(1, len(nest.spatial)):
+            raise PlanError(f"outer_first={value} is out of range 0..{max(1, len(nest.spatial)) - 1}")
         elif key == "parallel" and not 0 <= value <= len(nest.spatial):
             raise PlanError(f"parallel={value} is out of range 0..{len(nest.spatial)}")
         elif key == "unroll" and not 0 <= value <= 4096:
@@ -268,6 +276,8 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
             acc *= int(sch.get(loop).extent)
         if acc > MAX_ACCUMULATORS:  # LLVM spends minutes allocating registers for such tiles, to no gain
             raise ScheduleRejected(f"register tile of {acc} accumulators exceeds {MAX_ACCUMULATORS}")
+    if 0 < k["outer_first"] < len(s_outer):
+        s_outer.insert(0, s_outer.pop(k["outer_first"]))
     sch.reorder(*(s_outer + r_outer + r_inner + s_inner))
 
     p = min(k["parallel"], len(s_outer))

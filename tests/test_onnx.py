@@ -175,6 +175,33 @@ def test_model_tune_with_only_a_timeout_runs_until_the_timeout(tmp_path):
     assert res["final"]["stitched"]["status"] == "ok"
 
 
+def test_model_rerun_continues_each_region_study(tmp_path):
+    """A second `tune model.onnx` (after a crash, or simply more budget) continues every region's
+    Optuna study: its trials add up, the default plan is not measured again, and the region's
+    best so far carries over into the scheduler's priorities."""
+    import optuna
+
+    from autofuse.model_job import ModelTuneConfig, region_study_name, tune_model
+    from autofuse.regions import model_regions
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])
+    p = _helper_model(tmp_path / "chain.onnx", [helper.make_node("Sigmoid", ["x"], ["s"]),
+                                                helper.make_node("Mul", ["x", "s"], ["y"])], [x], y, [])
+    spec, url = model_spec(p), f"sqlite:///{tmp_path / 'r.db'}"
+    w = get_workload(spec)
+    (rw,) = model_regions(w).workloads.values()
+    first = tune_model(ModelTuneConfig(spec, db_url=url, trials=3, timing=QUICK, final_timing=QUICK))
+    second = tune_model(ModelTuneConfig(spec, db_url=url, trials=3, timing=QUICK, final_timing=QUICK))
+    assert first["trials"] == second["trials"] == 3
+    study = optuna.load_study(study_name=region_study_name(rw, LLVM), storage=url)
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len(finished) == 6
+    assert [t.user_attrs.get("label") for t in finished].count("default") == 1
+    assert second["regions_detail"][0]["trials"] == 6
+    assert second["regions_detail"][0]["best_ms"] <= first["regions_detail"][0]["best_ms"]
+
+
 def test_cli_import_then_tune_and_export_by_name(tmp_path):
     db = f"sqlite:///{tmp_path / 'c.db'}"
     model = str(MODELS / "transformer_encoder.onnx")
