@@ -122,6 +122,11 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
         reduce_vector=16, outer_first=0,
     )
+    if n >= 4 and nest.has_reduction and nest.spatial[2] >= 16:
+        # NCHW convolution: image rows outermost and in parallel, padding (or a producer) made
+        # once per row for all channels, then every output-channel tile of that row, while
+        # the row's inputs are in cache (channels outermost re-read the whole input per tile)
+        knobs.update(outer_first=2, parallel=1, producer_at=0)
     return knobs
 
 
