@@ -12,10 +12,6 @@ from autofuse.space import Space, Tensor
 EPS = 1e-5
 
 
-
-
-
-
 def define(tiny: bool = False) -> Space:
     cin, cout, hw = (8, 16, 8) if tiny else (32, 64, 112)
 

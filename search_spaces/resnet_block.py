@@ -11,12 +11,6 @@ from autofuse.space import Space, Tensor
 EPS = 1e-5
 
 
-
-
-
-
-
-
 def define(tiny: bool = False) -> Space:
     c, hw = (8, 8) if tiny else (64, 56)
 
