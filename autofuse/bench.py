@@ -247,7 +247,8 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
         from autofuse.model_job import ModelTuneConfig, tune_model
         result = tune_model(ModelTuneConfig(model=spec, timeout_s=budget_s,
                                             db_url=db_url, seed=seed, candidate_timeout_s=candidate_timeout))
-        extra["autofuse_model_job"] = {k: v for k, v in result.items() if k != "regions_detail"}
+        extra["autofuse_model_job"] = {k: v for k, v in result.items() if k not in ("regions_detail", "curve")}
+        extra["autofuse_curve"] = result["curve"]  # sum over regions of instances x best time
         return best_plan_runnable(f"{result['trials']} region trials")
 
     def autofuse_col() -> _Runnable:
@@ -425,9 +426,10 @@ def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     paths = []
-    spaces = [r["space"] for r in report["spaces"]]
-    peers = [c for c in COLUMNS if c != "autofuse"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(spaces)), 4))
+    spaces = [Path(r["space"]).stem for r in report["spaces"]]  # a model by its file's name
+    peers = [c for c in COLUMNS if c != "autofuse"
+             and any((r.get("ratios_vs_autofuse") or {}).get(c) for r in report["spaces"])]
+    fig, ax = plt.subplots(figsize=(max(7, 1.5 * len(spaces) + 2), 4.2))
     width = 0.8 / len(peers)
     for i, peer in enumerate(peers):
         vals = [(r.get("ratios_vs_autofuse") or {}).get(peer) or 0 for r in report["spaces"]]
@@ -436,8 +438,9 @@ def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
     ax.set_yscale("log")
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(spaces))], spaces, rotation=20, ha="right")
     ax.set_ylabel("peer time / autofuse time (log)")
-    ax.set_title(f"autofuse speedup over peers ({report['date']}, budget {report['budget_s']:.0f} s)")
-    ax.legend(fontsize=7)
+    ax.set_title(f"autofuse speedup over peers (>1: autofuse faster)\n{report['date']}, "
+                 f"tuning budget {report['budget_s']:.0f} s", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     p = out_dir / "bench_speedup.png"
     fig.savefig(p, dpi=110)
@@ -447,16 +450,19 @@ def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
     n = len(report["spaces"])
     fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), squeeze=False)
     for ax, r in zip(axes[0], report["spaces"]):
-        for key, label in (("autofuse_curve", "autofuse TPE (measured)"), ("random_curve", "autofuse random (measured)"),
+        model = "autofuse_model_job" in r
+        for key, label in (("autofuse_curve", "autofuse (sum of region bests)" if model else "autofuse TPE (measured)"),
+                           ("random_curve", "autofuse random (measured)"),
                            ("metaschedule_curve", "MetaSchedule (sum of task bests)")):
-            curve = r.get(key) or []
+            curve = [(t, v) for t, v in r.get(key) or [] if v < 1e9]  # no failed-task sentinels
             if curve:
                 ax.step([t for t, _ in curve], [v for _, v in curve], where="post", label=label)
-        ax.set_title(r["space"], fontsize=9)
+        ax.set_title(Path(r["space"]).stem, fontsize=9)
         ax.set_xlabel("wall s")
         ax.set_yscale("log")
+        if ax.lines:
+            ax.legend(fontsize=6)
     axes[0][0].set_ylabel("best so far (ms)")
-    axes[0][0].legend(fontsize=6)
     fig.tight_layout()
     p = out_dir / "bench_search.png"
     fig.savefig(p, dpi=110)

@@ -67,8 +67,9 @@ def tune(space: str, tiny: bool, target: Target, budget_s: float, work_dir: Path
          poll_s: float = 5.0) -> tuple[list[tuple[float, float]], dict[str, Any]]:
     """Run MetaSchedule for ``budget_s`` wall seconds; returns (curve, info).
 
-    ``curve``: (seconds since start, sum over tasks of the best per-task time so far, ms)
-    -- an estimate from MetaSchedule's own records, used for the search-efficiency chart.
+    ``curve``: (seconds since start, sum over tasks of the best per-task time so far, ms),
+    from the moment every task has a record -- an estimate from MetaSchedule's own
+    records, used for the search-efficiency chart.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
@@ -123,11 +124,19 @@ def _count_records(work_dir: Path) -> int:
     return len(_records(work_dir))
 
 
+_FAILED_S = 1e9  # MetaSchedule records a candidate that failed to build or run as 1e10 s
+
+
 def _estimate_ms(work_dir: Path) -> float | None:
+    """Sum of every task's best time, once every task has a working record (a partial sum
+    would grow as tasks get their first record, which is no latency at all)."""
     best: dict[int, float] = {}
     for wid, secs in _records(work_dir):
-        best[wid] = min(secs, best.get(wid, float("inf")))
-    return sum(best.values()) * 1e3 if best else None
+        if secs < _FAILED_S:
+            best[wid] = min(secs, best.get(wid, float("inf")))
+    path = work_dir / "database_workload.json"
+    tasks = len(path.read_text().splitlines()) if path.exists() else 0
+    return sum(best.values()) * 1e3 if best and len(best) >= tasks else None
 
 
 def apply_best(graph_mod: tvm.IRModule, target: Target, work_dir: Path) -> tuple[tvm.IRModule, int, int]:

@@ -147,6 +147,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
     deadline = None if cfg.timeout_s is None else time.time() + cfg.timeout_s
     timing = asdict(cfg.timing)
     done = 0
+    curve: list[tuple[float, float]] = []  # (seconds, model estimate) once every region has a best
 
     def estimate(attr: str = "best_ms") -> float | None:
         vals = [(s.count, getattr(s, attr)) for s in states]
@@ -189,6 +190,8 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
                     "ms": res.get("median_ms"), "region_best_ms": st.best_ms, "error": res.get("error"),
                     "model_estimate_ms": estimate(), "model_default_estimate_ms": estimate("default_ms"),
                     "regions_untried": sum(s.trials == 0 for s in states)}
+            if info["model_estimate_ms"] is not None:
+                curve.append((time.perf_counter() - t_start, info["model_estimate_ms"]))
             log.info("model tune %s", json.dumps(info, default=str))
             if progress:
                 progress(info)
@@ -221,7 +224,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
         "wall_s": time.perf_counter() - t_start,
         "regions_detail": [{"hash": st.h, "instances": st.count, "ops": len(st.w.graph(True).ops), "trials": st.trials,
                             "default_ms": st.default_ms, "best_ms": st.best_ms} for st in states],
-        "estimate_ms": estimate(), "default_estimate_ms": estimate("default_ms"),
+        "estimate_ms": estimate(), "default_estimate_ms": estimate("default_ms"), "curve": _running_min(curve),
         "final": final, "speedup_vs_default": (d / s) if d and s else None,
     }
 
@@ -282,6 +285,14 @@ def _fail_stale_running(storage: optuna.storages.BaseStorage, trials: list[optun
     for t in trials:
         if t.state == optuna.trial.TrialState.RUNNING and (now - (t.datetime_start or now)).total_seconds() > age_s:
             storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+
+
+def _running_min(curve: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for t, v in curve:
+        if not out or v < out[-1][1]:
+            out.append((t, v))
+    return out
 
 
 def _finite(x: Any) -> float | None:

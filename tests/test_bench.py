@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from helpers import cli
 
 
@@ -31,3 +33,18 @@ def test_bench_rejects_unknown_column_and_space():
     assert r.returncode == 2 and "bogus" in r.stderr and "Traceback" not in r.stderr
     r = cli("bench", "nope", "--tiny")
     assert r.returncode == 2 and "unknown space" in r.stderr
+
+
+def test_metaschedule_estimate_waits_for_every_task_and_skips_failed_records(tmp_path):
+    """The MetaSchedule curve is a whole-graph estimate only once every task has a working
+    record; a failed candidate (recorded as 1e10 s) never counts."""
+    import json
+
+    from autofuse.metaschedule import _estimate_ms
+
+    (tmp_path / "database_workload.json").write_text("[0]\n[1]\n")
+    rec = tmp_path / "database_tuning_record.json"
+    rec.write_text(json.dumps([0, [None, [0.002, 0.004]]]) + "\n" + json.dumps([1, [None, [1e10]]]) + "\n")
+    assert _estimate_ms(tmp_path) is None
+    rec.write_text(rec.read_text() + json.dumps([1, [None, [0.001]]]) + "\n")
+    assert _estimate_ms(tmp_path) == pytest.approx(4.0)

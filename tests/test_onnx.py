@@ -200,6 +200,8 @@ def test_model_rerun_continues_each_region_study(tmp_path):
     assert [t.user_attrs.get("label") for t in finished].count("default") == 1
     assert second["regions_detail"][0]["trials"] == 6
     assert second["regions_detail"][0]["best_ms"] <= first["regions_detail"][0]["best_ms"]
+    values = [v for _, v in second["curve"]]  # the model's estimated latency over the job
+    assert values and values == sorted(values, reverse=True) and values[-1] == second["estimate_ms"]
 
 
 def test_cli_import_then_tune_and_export_by_name(tmp_path):
