@@ -15,9 +15,10 @@ def classify(exc: BaseException) -> int | None:
     from autofuse.target import TargetError
 
     from autofuse.job import JobError
-    from autofuse.search import SamplerUnavailable
+    from autofuse.search import SamplerUnavailable, SpaceChanged
 
-    if isinstance(exc, (SpaceError, PlanError, TargetError, GraphError, ScheduleRejected, SamplerUnavailable, JobError)):
+    if isinstance(exc, (SpaceError, PlanError, TargetError, GraphError, ScheduleRejected, SamplerUnavailable, JobError,
+                        SpaceChanged)):
         return 2
     if isinstance(exc, (BuildError, DBError, DeployError, OSError)) or storage_error(exc) is not None:
         return 1

@@ -32,6 +32,23 @@ class SamplerUnavailable(Exception):
     """The requested sampler needs a package that is not installed."""
 
 
+class SpaceChanged(Exception):
+    """The study was created with other choices for a parameter (by an autofuse whose search
+    space differed): Optuna cannot continue it."""
+
+
+def _pick(trial: optuna.Trial, name: str, values: list[Any]) -> Any:
+    try:
+        return trial.suggest_categorical(name, values)
+    except ValueError as e:
+        if "dynamic value space" not in str(e):
+            raise
+        raise SpaceChanged(
+            f"study {trial.study.study_name!r} holds parameter {name!r} with other choices than this "
+            f"autofuse's {values}: it was made with another search space; tune into a new study "
+            "(--study NAME, or another --db); the best plans already stored still warm-start it") from None
+
+
 def _variant(fold: bool) -> str:
     return "F" if fold else "U"
 
@@ -54,16 +71,15 @@ class PlanSpace:
 
     def suggest(self, trial: optuna.Trial) -> tuple[Plan, list[str]]:
         """Sample a plan; returns it with the list of fuse decisions the repair had to cut."""
-        fold = trial.suggest_categorical("fold_params", [True, False])
+        fold = _pick(trial, "fold_params", [True, False])
         g = self.workload.graph(fold)
         dag = g.dag()
-        choices = [trial.suggest_categorical(decision_param(g, fold, d), [False, True]) for d in decisions(dag)]
+        choices = [_pick(trial, decision_param(g, fold, d), [False, True]) for d in decisions(dag)]
         part, repairs = partition_from_choices(dag, choices)
         schedules = []
         for group in part:
             a, _, space = self._group_space(g, group)
-            schedules.append({k: trial.suggest_categorical(knob_param(g, fold, a, k), values)
-                              for k, values in space.items()})
+            schedules.append({k: _pick(trial, knob_param(g, fold, a, k), values) for k, values in space.items()})
         return self.workload.partition_plan(part, fold, "tuned", schedules), repairs
 
     def params_of(self, plan: Plan) -> dict[str, Any]:

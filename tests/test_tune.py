@@ -232,3 +232,21 @@ def test_local_mutation_queues_a_neighbour_of_the_best_trial():
         out = LocalMutation(seed=seed).mutate({"t0": 8}, {"t0": optuna.distributions.CategoricalDistribution(tiles)})
         steps.append(abs(tiles.index(out["t0"]) - tiles.index(8)))
     assert steps.count(1) > len(steps) / 2  # mostly a neighbouring tile
+
+
+def test_a_study_made_with_another_search_space_fails_in_one_clear_error(tmp_path):
+    """A study whose parameter has other choices (made by an autofuse with another space) cannot
+    be continued by Optuna; the job says so in one line (exit 2) instead of Optuna's ValueError."""
+    import optuna
+
+    from autofuse.errors import classify
+    from autofuse.search import PlanSpace, SpaceChanged
+    from autofuse.workload import get_workload
+
+    study = optuna.create_study(study_name="old-space")
+    old = study.ask()
+    old.suggest_categorical("fold_params", [True])  # an older space with one choice
+    study.tell(old, 1.0)
+    with pytest.raises(SpaceChanged, match="'old-space' holds parameter 'fold_params' with other choices") as e:
+        PlanSpace(get_workload("ew_chain", tiny=True)).suggest(study.ask())
+    assert classify(e.value) == 2
