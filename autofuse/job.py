@@ -29,7 +29,7 @@ from autofuse.db import DEFAULT_URL, PlanDB
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
 from autofuse.runner import OK, REJECTED, IsolatedRunner
-from autofuse.search import LocalMutation, PlanSpace, make_sampler
+from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target
 from autofuse.workload import REFERENCE_PLANS, get_workload
@@ -70,9 +70,7 @@ class JobConfig:
         if self.study:
             return self.study
         w = get_workload(self.space, self.tiny)
-        t = self.target_obj()
-        tag = t.spec.get("mcpu") or t.spec.get("arch") or ""
-        return f"{w.name}@{t.kind}{'-' + tag if tag else ''}-{w.hash[:8]}"
+        return f"{w.name}@{self.target_obj().tag}-{w.hash[:8]}"
 
 
 class JobError(Exception):
@@ -189,10 +187,9 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
             raise _CandidateFailed(f"{res['status']}: {res.get('error', '')}")
         return float(res["median_ms"])
 
-    callbacks: list[Any] = []
-    if cfg.sampler != "random" and cfg.mutation_rate > 0:  # random search stays a pure baseline
-        callbacks.append(LocalMutation(cfg.mutation_rate, None if cfg.seed is None else cfg.seed + 1000 * worker_id,
-                                       max_trials=cfg.trials))
+    mutation = mutation_for(cfg.sampler, cfg.mutation_rate, None if cfg.seed is None else cfg.seed + 1000 * worker_id,
+                            max_trials=cfg.trials)
+    callbacks: list[Any] = [mutation] if mutation is not None else []
     if progress is not None:
         callbacks.append(lambda st, _t: progress(st))
     if cfg.trials is not None:
@@ -290,9 +287,8 @@ def prepare_study(cfg: JobConfig) -> optuna.Study:
         for params, label in space.seed_trials(stored):
             study.enqueue_trial(params, user_attrs={"label": label})
     else:
-        _fail_orphaned_trials(study, storage, grace_s=2 * cfg.heartbeat_s)
-        alive = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-        labels = {t.user_attrs.get("label") for t in study.get_trials(deepcopy=False, states=alive)}
+        fail_orphaned_trials(study, storage, grace_s=2 * cfg.heartbeat_s)
+        labels = {t.user_attrs.get("label") for t in study.get_trials(deepcopy=False, states=ALIVE)}
         space = PlanSpace(w)
         for label in REFERENCE_PLANS:  # a baseline killed before it ran is measured again
             if label not in labels:
@@ -313,10 +309,14 @@ def stored_best_plan(db: PlanDB, workload_hash: str, target: Target, host: dict)
         return None
 
 
-def _fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorage, grace_s: float) -> None:
+ALIVE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+
+
+def fail_orphaned_trials(study: optuna.Study, storage: optuna.storages.RDBStorage, grace_s: float) -> None:
     """RUNNING trials of a killed job that never got a heartbeat (killed between the
-    trial's creation and its first beat): Optuna's stale-trial check only looks at
-    trials *with* a heartbeat, so these would stay RUNNING forever."""
+    trial's creation and its first beat, or a model job's trials, which have none):
+    Optuna's stale-trial check only looks at trials *with* a heartbeat, so these would
+    stay RUNNING forever."""
     import datetime
 
     import sqlalchemy

@@ -38,13 +38,13 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 import autofuse
 from autofuse.db import DEFAULT_URL, PlanDB
-from autofuse.job import stored_best_plan
+from autofuse.job import ALIVE, fail_orphaned_trials, stored_best_plan
 from autofuse.measure import TimingConfig
 from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
 from autofuse.regions import model_regions, stitch
 from autofuse.runner import OK, IsolatedRunner
-from autofuse.search import LocalMutation, PlanSpace, make_sampler
+from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target
 from autofuse.workload import Workload, get_workload
@@ -139,7 +139,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
     storage = open_storage(cfg.db_url)
     states = [_region_state(cfg, storage, db, target, host, h, rw, rs.count(h), i)
               for i, (h, rw) in enumerate(rs.workloads.items())]
-    mutation = LocalMutation(cfg.mutation_rate, cfg.seed) if cfg.sampler != "random" and cfg.mutation_rate > 0 else None
+    mutation = mutation_for(cfg.sampler, cfg.mutation_rate, cfg.seed)
     if cfg.trials is not None:
         budget: int | None = cfg.trials
     else:  # a timeout alone: trials until it (budget None); neither: a short default job
@@ -190,8 +190,9 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
                     "ms": res.get("median_ms"), "region_best_ms": st.best_ms, "error": res.get("error"),
                     "model_estimate_ms": estimate(), "model_default_estimate_ms": estimate("default_ms"),
                     "regions_untried": sum(s.trials == 0 for s in states)}
-            if info["model_estimate_ms"] is not None:
-                curve.append((time.perf_counter() - t_start, info["model_estimate_ms"]))
+            est = info["model_estimate_ms"]
+            if est is not None and (not curve or est < curve[-1][1]):
+                curve.append((time.perf_counter() - t_start, est))
             log.info("model tune %s", json.dumps(info, default=str))
             if progress:
                 progress(info)
@@ -224,15 +225,14 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
         "wall_s": time.perf_counter() - t_start,
         "regions_detail": [{"hash": st.h, "instances": st.count, "ops": len(st.w.graph(True).ops), "trials": st.trials,
                             "default_ms": st.default_ms, "best_ms": st.best_ms} for st in states],
-        "estimate_ms": estimate(), "default_estimate_ms": estimate("default_ms"), "curve": _running_min(curve),
+        "estimate_ms": estimate(), "default_estimate_ms": estimate("default_ms"), "curve": curve,
         "final": final, "speedup_vs_default": (d / s) if d and s else None,
     }
 
 
 def region_study_name(rw: Workload, target: Target) -> str:
     """One Optuna study per region and target, shared by every model holding the region."""
-    tag = target.spec.get("mcpu") or target.spec.get("arch") or ""
-    return f"region-{rw.hash}@{target.kind}{'-' + tag if tag else ''}"
+    return f"region-{rw.hash}@{target.tag}"
 
 
 def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db: PlanDB, target: Target,
@@ -245,8 +245,8 @@ def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="minimize",
                                 load_if_exists=True)
     st = _RegionState(h, rw, count, study, PlanSpace(rw))
+    fail_orphaned_trials(study, storage, grace_s=cfg.candidate_timeout_s + 60)  # no live job runs one that long
     trials = study.get_trials(deepcopy=False)
-    _fail_stale_running(storage, trials, cfg.candidate_timeout_s + 60)
     for t in trials:
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL):
             continue
@@ -257,7 +257,7 @@ def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db
                 st.default_ms = t.value
         if st.best_ms is not None:
             st.history.append(st.best_ms)
-    labels = {t.user_attrs.get("label") for t in trials if t.state in _ALIVE}
+    labels = {t.user_attrs.get("label") for t in trials if t.state in ALIVE}
     if "default" not in labels:
         study.enqueue_trial(st.space.params_of(rw.reference_plan("default")), user_attrs={"label": "default"})
     if not trials:
@@ -270,29 +270,8 @@ def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db
     return st
 
 
-_ALIVE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-
-
 def _waiting(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-
-
-def _fail_stale_running(storage: optuna.storages.BaseStorage, trials: list[optuna.trial.FrozenTrial], age_s: float) -> None:
-    """A RUNNING trial older than any candidate may take belongs to a killed job: failed."""
-    import datetime
-
-    now = datetime.datetime.now()
-    for t in trials:
-        if t.state == optuna.trial.TrialState.RUNNING and (now - (t.datetime_start or now)).total_seconds() > age_s:
-            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
-
-
-def _running_min(curve: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for t, v in curve:
-        if not out or v < out[-1][1]:
-            out.append((t, v))
-    return out
 
 
 def _finite(x: Any) -> float | None:

@@ -192,6 +192,11 @@ class LocalMutation:
         return out
 
 
+def mutation_for(sampler: str, rate: float, seed: int | None, max_trials: int | None = None) -> LocalMutation | None:
+    """The mutation step of a job, or None: random search stays a pure baseline."""
+    return LocalMutation(rate, seed, max_trials) if sampler != "random" and rate > 0 else None
+
+
 def make_sampler(name: str, seed: int | None, workers: int = 1) -> optuna.samplers.BaseSampler:
     """TPE (default), random, CMA-ES or GP. Categorical knobs: CMA-ES and GP fall back to
     independent sampling for them, which Optuna warns about once; we silence that."""

@@ -30,6 +30,12 @@ class Target:
     def kind(self) -> str:
         return self.spec["kind"]
 
+    @property
+    def tag(self) -> str:
+        """Kind and CPU/GPU model, e.g. ``llvm-znver4``: names studies per target."""
+        model = self.spec.get("mcpu") or self.spec.get("arch") or ""
+        return f"{self.kind}-{model}" if model else self.kind
+
     def tvm(self) -> tvm.target.Target:
         return tvm.target.Target(self.spec)
 
