@@ -1,0 +1,63 @@
+"""Default plan vs the same plan with knob overrides on its convolution groups, interleaved.
+
+    .venv/bin/python benchmarks/compare_conv_knobs.py conv_bn_relu \
+        '{"rows": {"outer_first": 2, "parallel": 1, "producer_at": 0}}'
+
+Prints, per variant, the median of 10 repeats in each of 3 rounds (ms); every variant is
+checked against the reference first.  With ``--old-default``, the variant "old-default"
+is the convolution schedule autofuse used before rows-first (results/NOTES.md section 9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autofuse.build import group_anchor, partition_of
+from autofuse.measure import TimingConfig
+from autofuse.plan import Plan
+from autofuse.runner import evaluate_plan
+from autofuse.target import parse_target
+from autofuse.workload import get_workload
+
+OLD_DEFAULT = {"outer_first": 0, "parallel": 2, "producer_at": 2}  # channels outermost
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("space")
+    ap.add_argument("variants", nargs="?", default="{}", help="JSON: name -> knob overrides for conv groups")
+    ap.add_argument("--old-default", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    variants = {"default": {}, **json.loads(args.variants)}
+    if args.old_default:
+        variants["old-default"] = OLD_DEFAULT
+    w = get_workload(args.space)
+    g = w.graph(True)
+    base = w.resolve_plan("default")
+    groups = partition_of(g, base)
+    plans = {}
+    for name, overrides in variants.items():
+        schedules = []
+        for group in groups:
+            _, nest = group_anchor(g, group)
+            schedules.append(dict(overrides) if len(nest.spatial) >= 4 and nest.reduce else {})
+        d = json.loads(base.to_json())
+        d["groups"] = [{"ops": [g.ops[i].name for i in group], "schedule": s} for group, s in zip(groups, schedules)]
+        plans[name] = Plan.from_json(json.dumps(d))
+    target = parse_target("llvm")
+    cfg = TimingConfig(repeats=10, min_repeat_ms=50, warmup=2)
+    times: dict[str, list[float]] = {n: [] for n in plans}
+    for _ in range(args.rounds):
+        for name, plan in plans.items():
+            res = evaluate_plan(w, plan, target, cfg)
+            if not res["correct"]:
+                raise SystemExit(f"{name}: {res.get('error') or 'wrong result'}")
+            times[name].append(res["median_ms"])
+    for name, ts in times.items():
+        print(f"{args.space:18s} {name:12s} " + " ".join(f"{t:.3f}" for t in ts))
+
+
+if __name__ == "__main__":
+    main()
