@@ -244,7 +244,8 @@ def build(space: str, plan_text: str, target_text: str, as_json: bool, tiny: boo
 @click.option("--no-warm-start", "no_warm_start", is_flag=True,
               help="A new study does not measure the DB's best stored plan for this workload first.")
 @click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True, help="Plans re-measured at the end.")
-@click.option("--candidate-timeout", type=float, default=300.0, show_default=True, help="Seconds before a candidate's worker is killed.")
+@click.option("--candidate-timeout", type=float, default=300.0, show_default=True, help="Seconds before a candidate's worker is killed (an upper bound: once 5 candidates have "
+                   "worked, the limit is 5x the 90th percentile of their times, at least 5 s).")
 @click.option("--mem-limit-mb", type=int, default=None, help="Memory limit of the candidate worker process.")
 @click.option("--heartbeat", type=click.IntRange(min=1), default=10, show_default=True,
               help="Seconds between trial heartbeats; a trial silent for 2x this is failed on resume.")

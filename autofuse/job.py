@@ -28,7 +28,7 @@ import autofuse
 from autofuse.db import DEFAULT_URL, PlanDB
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
-from autofuse.runner import OK, REJECTED, IsolatedRunner
+from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target
@@ -147,6 +147,7 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
     stop = stop or _StopFlag()
     deadline = None if cfg.timeout_s is None else time.time() + cfg.timeout_s
     timing = asdict(cfg.timing)
+    candidates = CandidateLog.from_trials(study.get_trials(deepcopy=False))
 
     def objective(trial: optuna.Trial) -> float:
         t0 = time.perf_counter()
@@ -155,7 +156,7 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
         t1 = time.perf_counter()
         task = {"space": cfg.space, "tiny": cfg.tiny, "plan": plan.to_json(), "target": target.spec_json,
                 "timing": timing, "inject": faults.get(trial.number)}
-        res = runner.run(task)
+        res = candidates.run(runner, task, plan.hash, cfg.candidate_timeout_s)
         t2 = time.perf_counter()
         timers.suggest += t1 - t0
         timers.evaluate += t2 - t1
@@ -170,15 +171,21 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
             trial.set_user_attr("repairs", repairs[:20])
         if res.get("error"):
             trial.set_user_attr("error", res["error"][:1000])
-        plan_id = db.put_plan(w.hash, target.spec, host, plan.hash, plan.to_json(), label)
-        db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"), max_ms=res.get("max_ms"),
-                           std_ms=res.get("std_ms"), repeats=res.get("repeats") or 0, correct=res["status"] == OK,
-                           max_rel_err=_finite(res.get("max_rel_err")), error=res.get("error"), kind="trial",
-                           tvm_version=_tvm_version(), autofuse_version=autofuse.__version__,
-                           study=study.study_name, trial_number=trial.number)
+        if res.get("repeat"):  # measured before in this study: nothing new to store
+            trial.set_user_attr("repeat", True)
+        else:
+            trial.set_user_attr("seconds", round(res["seconds"], 3))
+            plan_id = db.put_plan(w.hash, target.spec, host, plan.hash, plan.to_json(), label)
+            db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"),
+                               max_ms=res.get("max_ms"), std_ms=res.get("std_ms"), repeats=res.get("repeats") or 0,
+                               correct=res["status"] == OK, max_rel_err=_finite(res.get("max_rel_err")),
+                               error=res.get("error"), kind="trial", tvm_version=_tvm_version(),
+                               autofuse_version=autofuse.__version__, study=study.study_name, trial_number=trial.number)
         timers.record += time.perf_counter() - t2
-        log.info("trial %d [%s] %s plan %s groups=%d %s", trial.number, label, res["status"], plan.hash, len(plan.groups),
-                 f"{res['median_ms']:.4f} ms" if res["status"] == OK else res.get("error", ""))
+        log.info("trial %d [%s] %s plan %s groups=%d %s%s", trial.number, label, res["status"], plan.hash,
+                 len(plan.groups), f"{res['median_ms']:.4f} ms" if res["status"] == OK else res.get("error", ""),
+                 " (plan measured before, not again)" if res.get("repeat") else
+                 " (one run: far slower than the best)" if res["status"] == OK and res.get("repeats") == 1 else "")
         if stop.requested or (deadline is not None and time.time() > deadline):
             study.stop()
         if res["status"] == REJECTED:

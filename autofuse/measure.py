@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,13 +24,18 @@ from autofuse.target import Target
 @dataclass(frozen=True)
 class TimingConfig:
     """Warm-up calls, then ``repeats`` timings of ``number`` calls each, every
-    repeat lasting at least ``min_repeat_ms``; optional CPU cache flush between repeats."""
+    repeat lasting at least ``min_repeat_ms``; optional CPU cache flush between repeats.
+
+    ``cutoff_ms``: when the first warm-up call takes longer than this, that call is the
+    only timing taken.  A job sets it to a multiple of its best time so far: a candidate
+    that much slower cannot become the best, and timing it precisely would cost seconds."""
 
     repeats: int = 10
     number: int = 1
     min_repeat_ms: int = 50
     warmup: int = 2
     cache_flush: bool = False
+    cutoff_ms: float | None = None
 
 
 QUICK = TimingConfig(repeats=3, number=1, min_repeat_ms=1, warmup=1)
@@ -91,8 +97,12 @@ class Session:
     def time(self, inputs: list[np.ndarray], cfg: TimingConfig) -> list[float]:
         """Per-call milliseconds of each repeat, after warm-up."""
         args = self.to_device(inputs)
-        for _ in range(cfg.warmup):
+        for i in range(cfg.warmup):
+            t0 = time.perf_counter()
             self(args)
+            first_ms = (time.perf_counter() - t0) * 1e3
+            if i == 0 and cfg.cutoff_ms is not None and first_ms > cfg.cutoff_ms:
+                return [first_ms]
         self.vm.save_function("main", "main_timed", *args)  # no per-call argument conversion
         kwargs: dict[str, Any] = dict(number=cfg.number, repeat=cfg.repeats, min_repeat_ms=cfg.min_repeat_ms)
         if cfg.cache_flush:

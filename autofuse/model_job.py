@@ -43,7 +43,7 @@ from autofuse.measure import TimingConfig
 from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
 from autofuse.regions import model_regions, stitch
-from autofuse.runner import OK, IsolatedRunner
+from autofuse.runner import OK, CandidateLog, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target
@@ -109,6 +109,7 @@ class _RegionState:
     best_plan: Plan | None = None
     history: list[float] = field(default_factory=list)  # best-so-far after each trial
     default_ms: float | None = None
+    candidates: CandidateLog = field(default_factory=CandidateLog)
 
     def priority(self, window: int, total_trials: int) -> float:
         if self.queued:  # every region's default first, then the rest of every queue in turn
@@ -162,15 +163,25 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
             if st.queued:
                 st.queued -= 1
             plan, _ = st.space.suggest(trial)
-            res = runner.run({"space": region_spec(cfg.model, st.h), "plan": plan.to_json(),
-                              "target": target.spec_json, "timing": timing})
+            res = st.candidates.run(runner, {"space": region_spec(cfg.model, st.h), "plan": plan.to_json(),
+                                             "target": target.spec_json, "timing": timing},
+                                    plan.hash, cfg.candidate_timeout_s)
             ok = res["status"] == OK
-            plan_id = db.put_plan(st.w.hash, target.spec, host, plan.hash, plan.to_json(), label)
-            db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"),
-                               max_ms=res.get("max_ms"), std_ms=res.get("std_ms"), repeats=res.get("repeats") or 0,
-                               correct=ok, max_rel_err=_finite(res.get("max_rel_err")), error=res.get("error"),
-                               kind="trial", tvm_version=tvm.__version__, autofuse_version=autofuse.__version__,
-                               study=study_name, trial_number=done)
+            trial.set_user_attr("plan_hash", plan.hash)
+            trial.set_user_attr("status", res["status"])
+            if res.get("error"):
+                trial.set_user_attr("error", res["error"][:1000])
+            if res.get("repeat"):  # measured before in this region's study: nothing new to store
+                trial.set_user_attr("repeat", True)
+            else:
+                trial.set_user_attr("seconds", round(res["seconds"], 3))
+                plan_id = db.put_plan(st.w.hash, target.spec, host, plan.hash, plan.to_json(), label)
+                db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"),
+                                   max_ms=res.get("max_ms"), std_ms=res.get("std_ms"),
+                                   repeats=res.get("repeats") or 0, correct=ok,
+                                   max_rel_err=_finite(res.get("max_rel_err")), error=res.get("error"), kind="trial",
+                                   tvm_version=tvm.__version__, autofuse_version=autofuse.__version__,
+                                   study=study_name, trial_number=done)
             if ok:
                 st.study.tell(trial, float(res["median_ms"]))
                 if st.best_ms is None or res["median_ms"] < st.best_ms:
@@ -247,6 +258,7 @@ def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db
     st = _RegionState(h, rw, count, study, PlanSpace(rw))
     fail_orphaned_trials(study, storage, grace_s=cfg.candidate_timeout_s + 60)  # no live job runs one that long
     trials = study.get_trials(deepcopy=False)
+    st.candidates = CandidateLog.from_trials(trials)
     for t in trials:
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL):
             continue

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 from autofuse.measure import Session, TimingConfig, measure
@@ -22,6 +23,7 @@ from autofuse.workload import Workload, get_workload
 
 # Statuses a candidate can end in; only "ok" has a time that counts.
 OK, WRONG, REJECTED, BUILD_ERROR, TIMEOUT, CRASHED, ERROR = "ok", "wrong", "rejected", "build_error", "timeout", "crashed", "error"
+READY = "ready"  # a fresh worker has loaded the workload
 
 
 def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *, corrupt: bool = False) -> dict[str, Any]:
@@ -86,17 +88,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         corrupt = _maybe_inject_fault(task.get("inject"))
-        if "model" in task:  # {"model": "/abs/model.onnx", "shapes": {...}, "region": hash?}
-            import json as _json
-
-            from autofuse.onnx_import import MODEL_PREFIX
-
-            spec = {"path": task["model"], "shapes": task.get("shapes") or {}}
-            if task.get("region"):
-                spec["region"] = task["region"]
-            w = get_workload(MODEL_PREFIX + _json.dumps(spec, sort_keys=True, separators=(",", ":")))
-        else:
-            w = get_workload(task["space"], task.get("tiny", False))
+        w = _workload_of(task)
         plan = Plan.from_json(task["plan"])
         target = parse_target(task["target"])
         cfg = TimingConfig(**task.get("timing", {}))
@@ -110,6 +102,32 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:
         last = traceback.format_exception_only(type(e), e)[-1].strip()
         return {"status": ERROR, "correct": False, "error": last[:500]}
+
+
+def _workload_of(task: dict[str, Any]) -> Workload:
+    if "model" in task:  # {"model": "/abs/model.onnx", "shapes": {...}, "region": hash?}
+        import json as _json
+
+        from autofuse.onnx_import import MODEL_PREFIX
+
+        spec = {"path": task["model"], "shapes": task.get("shapes") or {}}
+        if task.get("region"):
+            spec["region"] = task["region"]
+        return get_workload(MODEL_PREFIX + _json.dumps(spec, sort_keys=True, separators=(",", ":")))
+    return get_workload(task["space"], task.get("tiny", False))
+
+
+def _prepare(task: dict[str, Any]) -> dict[str, Any]:
+    """A fresh worker's start: TVM imported and the task's workload built (for a model, the
+    ONNX import), so that a candidate's time limit counts only the candidate."""
+    try:
+        import autofuse.build  # noqa: F401 - imports TVM
+
+        _workload_of(task)
+        return {"status": READY}
+    except Exception as e:
+        last = traceback.format_exception_only(type(e), e)[-1].strip()
+        return {"status": ERROR, "correct": False, "error": f"worker could not load the workload: {last[:400]}"}
 
 
 def _maybe_inject_fault(kind: str | None) -> bool:
@@ -201,14 +219,15 @@ def _worker_main(conn: Any, mem_limit_mb: int | None) -> None:
             return
         if task is None:
             return
-        conn.send(run_task(task))
+        conn.send(_prepare(task["prepare"]) if "prepare" in task else run_task(task))
 
 
 class IsolatedRunner:
     """Runs tasks in a worker process; restarts it after a crash or a timeout."""
 
-    def __init__(self, timeout_s: float = 120.0, mem_limit_mb: int | None = None):
+    def __init__(self, timeout_s: float = 120.0, mem_limit_mb: int | None = None, startup_timeout_s: float = 600.0):
         self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
         self.mem_limit_mb = mem_limit_mb
         self._ctx = mp.get_context("spawn")
         self._proc: Any = None
@@ -232,18 +251,27 @@ class IsolatedRunner:
         self._proc = self._conn = None
 
     def run(self, task: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        """Build and measure one candidate in the worker, within ``timeout_s`` (default: the
+        runner's); a fresh worker first loads the workload, which the limit does not count."""
         if self._proc is None or not self._proc.is_alive():
             if self._proc is not None:
                 self.restarts += 1
                 self._kill()
             self._start()
-        limit = timeout_s or self.timeout_s
-        self._conn.send(task)
+            ready = self._exchange({"prepare": {k: v for k, v in task.items() if k != "inject"}},
+                                   self.startup_timeout_s, "worker start")
+            if ready["status"] != READY:
+                self._kill()
+                return ready
+        return self._exchange(task, timeout_s or self.timeout_s, "candidate")
+
+    def _exchange(self, message: dict[str, Any], limit: float, what: str) -> dict[str, Any]:
+        self._conn.send(message)
         try:
             if self._conn.poll(limit):
                 return self._conn.recv()
             self._kill()
-            return {"status": TIMEOUT, "correct": False, "error": f"candidate timed out after {limit:.0f} s (worker killed)"}
+            return {"status": TIMEOUT, "correct": False, "error": f"{what} timed out after {limit:.0f} s (worker killed)"}
         except (EOFError, ConnectionResetError, BrokenPipeError):
             self._proc.join(5)
             code = self._proc.exitcode
@@ -265,3 +293,86 @@ class IsolatedRunner:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+# How a study's candidate log turns what it has seen into limits (see CandidateLog).
+LIMIT_AFTER = 5  # accepted candidates before the time limit adapts
+LIMIT_FACTOR = 5.0  # time limit: this many times the 90th percentile of accepted candidates' seconds ...
+LIMIT_FLOOR_S = 5.0  # ... but never less than this
+CUTOFF_FACTOR = 5.0  # timing stops after one run for a candidate this many times slower than the best
+
+
+@dataclass
+class CandidateLog:
+    """What one study knows about its candidates, so that a job spends its time on new,
+    promising ones.
+
+    - every plan's first result: a plan suggested again (samplers do, and different
+      parameters can give the same plan) is not built and measured again;
+    - how long accepted candidates take: a candidate is stopped after ``LIMIT_FACTOR``
+      times the 90th percentile of that (an LLVM compile that runs away), rather than
+      after the job's configured limit, which stays the upper bound;
+    - the best time: a candidate ``CUTOFF_FACTOR`` times slower is timed once, not
+      repeated (it cannot become the best).
+    """
+
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: list[float] = field(default_factory=list)
+    best_ms: float | None = None
+
+    @classmethod
+    def from_trials(cls, trials: list[Any]) -> CandidateLog:
+        """Rebuilt from a study's finished trials (their ``plan_hash``, ``status`` and
+        ``seconds`` attributes), so a resumed job does not repeat what it has measured."""
+        log = cls()
+        for t in trials:
+            h, status = t.user_attrs.get("plan_hash"), t.user_attrs.get("status")
+            if not h or not status or t.user_attrs.get("repeat"):
+                continue
+            res: dict[str, Any] = {"status": status, "correct": status == OK, "error": t.user_attrs.get("error")}
+            if status == OK:
+                if t.value is None:
+                    continue
+                res["median_ms"] = float(t.value)
+            log.record(h, res, t.user_attrs.get("seconds"))
+        return log
+
+    def known(self, plan_hash: str) -> dict[str, Any] | None:
+        """The earlier result of this plan, marked as a repeat; None for a new plan."""
+        res = self.results.get(plan_hash)
+        return None if res is None else {**res, "repeat": True}
+
+    def record(self, plan_hash: str, res: dict[str, Any], seconds: float | None) -> None:
+        self.results.setdefault(plan_hash, {k: v for k, v in res.items() if k != "samples_ms"})
+        if res["status"] == OK and res.get("median_ms") is not None:
+            if seconds is not None:
+                self.seconds.append(float(seconds))
+            if self.best_ms is None or res["median_ms"] < self.best_ms:
+                self.best_ms = float(res["median_ms"])
+
+    def time_limit_s(self, cap_s: float) -> float:
+        if len(self.seconds) < LIMIT_AFTER:
+            return cap_s
+        ordered = sorted(self.seconds)
+        p90 = ordered[int(0.9 * (len(ordered) - 1))]
+        return min(cap_s, max(LIMIT_FLOOR_S, LIMIT_FACTOR * p90))
+
+    def cutoff_ms(self) -> float | None:
+        return None if self.best_ms is None else CUTOFF_FACTOR * self.best_ms
+
+    def run(self, runner: IsolatedRunner, task: dict[str, Any], plan_hash: str, cap_s: float) -> dict[str, Any]:
+        """The plan's result: the earlier one if it was measured before, else built and
+        measured now (within the adapted limits), with ``seconds`` it took."""
+        injected = bool(task.get("inject"))  # a test's fault: run it, and learn nothing from it
+        known = None if injected else self.known(plan_hash)
+        if known is not None:
+            return known
+        cutoff = self.cutoff_ms()
+        if cutoff is not None:
+            task = {**task, "timing": {**task.get("timing", {}), "cutoff_ms": cutoff}}
+        t0 = time.perf_counter()
+        res = runner.run(task, timeout_s=self.time_limit_s(cap_s))
+        res["seconds"] = time.perf_counter() - t0
+        if not injected:
+            self.record(plan_hash, res, res["seconds"])
+        return res

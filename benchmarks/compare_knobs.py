@@ -1,11 +1,14 @@
-"""Default plan vs the same plan with knob overrides on its convolution groups, interleaved.
+"""Default plan vs the same plan with knob overrides on its convolution or GEMM groups, interleaved.
 
-    .venv/bin/python benchmarks/compare_conv_knobs.py conv_bn_relu \
+    .venv/bin/python benchmarks/compare_knobs.py conv_bn_relu \
         '{"rows": {"outer_first": 2, "parallel": 1, "producer_at": 0}}'
+    .venv/bin/python benchmarks/compare_knobs.py mlp_gelu --kind gemm '{"cols": {"outer_first": 1}}'
 
 Prints, per variant, the median of 10 repeats in each of 3 rounds (ms); every variant is
-checked against the reference first.  With ``--old-default``, the variant "old-default"
-is the convolution schedule autofuse used before rows-first (results/NOTES.md section 9).
+checked against the reference first.  ``--kind`` picks the groups the overrides apply to:
+``conv`` (anchor with 4+ spatial loops and a reduction), ``gemm`` (2-3 spatial loops and a
+reduction) or ``all``.  With ``--old-default``, the variant "old-default" is the
+convolution schedule autofuse used before rows-first (results/NOTES.md section 9).
 """
 
 from __future__ import annotations
@@ -23,10 +26,19 @@ from autofuse.workload import get_workload
 OLD_DEFAULT = {"outer_first": 0, "parallel": 2, "producer_at": 2}  # channels outermost
 
 
+def _chosen(nest, kind: str) -> bool:
+    if kind == "all":
+        return True
+    if not nest.reduce:
+        return False
+    return len(nest.spatial) >= 4 if kind == "conv" else 2 <= len(nest.spatial) <= 3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("space")
-    ap.add_argument("variants", nargs="?", default="{}", help="JSON: name -> knob overrides for conv groups")
+    ap.add_argument("variants", nargs="?", default="{}", help="JSON: name -> knob overrides for the chosen groups")
+    ap.add_argument("--kind", choices=("conv", "gemm", "all"), default="conv")
     ap.add_argument("--old-default", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
@@ -42,7 +54,7 @@ def main() -> None:
         schedules = []
         for group in groups:
             _, nest = group_anchor(g, group)
-            schedules.append(dict(overrides) if len(nest.spatial) >= 4 and nest.reduce else {})
+            schedules.append(dict(overrides) if _chosen(nest, args.kind) else {})
         d = json.loads(base.to_json())
         d["groups"] = [{"ops": [g.ops[i].name for i in group], "schedule": s} for group, s in zip(groups, schedules)]
         plans[name] = Plan.from_json(json.dumps(d))

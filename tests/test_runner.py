@@ -1,0 +1,130 @@
+"""How a job spends its time on candidates: repeats skipped, slow timings cut short,
+run-away candidates stopped by a limit learned from the others."""
+
+import sqlite3
+
+import optuna
+import pytest
+
+from autofuse.runner import OK, TIMEOUT, CandidateLog, run_task
+from autofuse.workload import get_workload
+
+
+class FakeRunner:
+    """Stands in for IsolatedRunner: returns canned results and records what it was given."""
+
+    def __init__(self, results):
+        self.results = list(results)
+        self.calls = []
+
+    def run(self, task, timeout_s=None):
+        self.calls.append((task, timeout_s))
+        return dict(self.results.pop(0))
+
+
+def _task(**extra):
+    return {"space": "ew_chain", "plan": "{}", "timing": {"repeats": 3}, **extra}
+
+
+def test_a_plan_seen_before_is_answered_from_the_log_without_running():
+    runner = FakeRunner([{"status": OK, "median_ms": 2.0}, {"status": TIMEOUT, "error": "candidate timed out"}])
+    log = CandidateLog()
+    first = log.run(runner, _task(), "aaaa", 20.0)
+    again = log.run(runner, _task(), "aaaa", 20.0)
+    assert first["median_ms"] == again["median_ms"] == 2.0 and not first.get("repeat") and again["repeat"]
+    log.run(runner, _task(), "bbbb", 20.0)
+    assert log.run(runner, _task(), "bbbb", 20.0)["status"] == TIMEOUT  # a failure is not retried either
+    assert len(runner.calls) == 2
+
+
+def test_an_injected_fault_always_runs_and_teaches_the_log_nothing():
+    runner = FakeRunner([{"status": "crashed", "error": "worker crashed"}, {"status": OK, "median_ms": 1.0}])
+    log = CandidateLog()
+    assert log.run(runner, _task(inject="segfault"), "aaaa", 20.0)["status"] == "crashed"
+    assert log.run(runner, _task(), "aaaa", 20.0)["status"] == OK  # the plan itself runs
+    assert len(runner.calls) == 2
+
+
+def test_time_limit_follows_accepted_candidates_within_the_configured_cap():
+    log = CandidateLog()
+    for i in range(4):
+        log.record(f"p{i}", {"status": OK, "median_ms": 1.0}, 0.5)
+    assert log.time_limit_s(300.0) == 300.0  # too few to tell: the configured limit
+    log.record("p4", {"status": OK, "median_ms": 1.0}, 0.5)
+    assert log.time_limit_s(300.0) == 5.0  # never below the floor
+    for i in range(5, 20):
+        log.record(f"p{i}", {"status": OK, "median_ms": 1.0}, 4.0)
+    assert log.time_limit_s(300.0) == 20.0  # 5 x the 90th percentile
+    assert log.time_limit_s(8.0) == 8.0  # the configured limit stays the upper bound
+    log.record("slow", {"status": TIMEOUT}, 99.0)  # failures do not move the limit
+    assert log.time_limit_s(300.0) == 20.0
+
+
+def test_the_timing_cutoff_follows_the_best_time_and_reaches_the_worker():
+    runner = FakeRunner([{"status": OK, "median_ms": 4.0}, {"status": OK, "median_ms": 1.0}, {"status": OK, "median_ms": 9.0}])
+    log = CandidateLog()
+    log.run(runner, _task(), "a", 20.0)
+    assert "cutoff_ms" not in runner.calls[0][0]["timing"]  # no best yet: full timing
+    log.run(runner, _task(), "b", 20.0)
+    assert runner.calls[1][0]["timing"]["cutoff_ms"] == 20.0  # 5 x 4.0
+    log.run(runner, _task(), "c", 20.0)
+    assert runner.calls[2][0]["timing"] == {"repeats": 3, "cutoff_ms": 5.0}  # 5 x 1.0, other settings kept
+    assert log.best_ms == 1.0
+
+
+def test_the_log_is_rebuilt_from_a_studys_trials():
+    study = optuna.create_study()
+    for h, status, value in (("a", OK, 3.0), ("b", OK, 1.5), ("c", TIMEOUT, None)):
+        t = study.ask()
+        t.set_user_attr("plan_hash", h)
+        t.set_user_attr("status", status)
+        t.set_user_attr("seconds", 0.7)
+        if value is None:
+            study.tell(t, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(t, value)
+    t = study.ask()  # a repeat trial points back to a measured plan: not a measurement of its own
+    t.set_user_attr("plan_hash", "a")
+    t.set_user_attr("status", OK)
+    t.set_user_attr("repeat", True)
+    study.tell(t, 3.0)
+    log = CandidateLog.from_trials(study.trials)
+    assert log.best_ms == 1.5 and log.seconds == [0.7, 0.7]
+    assert log.known("a")["median_ms"] == 3.0 and log.known("c")["status"] == TIMEOUT and log.known("d") is None
+
+
+@pytest.mark.parametrize("cutoff_ms, repeats", [(None, 3), (1e-6, 1)])
+def test_a_candidate_slower_than_the_cutoff_is_timed_once(cutoff_ms, repeats):
+    w = get_workload("ew_chain", True)
+    timing = {"repeats": 3, "min_repeat_ms": 1, "warmup": 1, "cutoff_ms": cutoff_ms}
+    res = run_task({"space": "ew_chain", "tiny": True, "plan": w.reference_plan("default").to_json(),
+                    "target": "llvm", "timing": timing})
+    assert res["status"] == OK and res["correct"]  # checked before timed, cut or not
+    assert res["repeats"] == repeats and len(res["samples_ms"]) == repeats and res["median_ms"] > 0
+
+
+def test_a_plan_suggested_again_in_a_job_is_not_measured_again(tmp_path):
+    from autofuse.job import JobConfig, prepare_study, run_job
+    from autofuse.measure import TimingConfig
+    from autofuse.search import PlanSpace
+
+    quick = TimingConfig(repeats=2, min_repeat_ms=1, warmup=1)
+    cfg = JobConfig(space="ew_chain", tiny=True, db_url=f"sqlite:///{tmp_path}/t.db", seed=0, warm_start=False,
+                    timing=quick, final_timing=quick, top_k=1, log_dir=str(tmp_path), mutation_rate=0.0)
+    study = prepare_study(cfg)
+    w = get_workload("ew_chain", True)
+    study.enqueue_trial(PlanSpace(w).params_of(w.reference_plan("default")), user_attrs={"label": "again"},
+                        skip_if_exists=False)
+    queued = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
+    cfg.trials = queued
+    run_job(cfg)
+    trials = optuna.load_study(study_name=cfg.study_name(), storage=cfg.db_url).trials
+    by_label = {t.user_attrs.get("label"): t for t in trials}
+    again, default = by_label["again"], by_label["default"]
+    assert again.user_attrs["plan_hash"] == default.user_attrs["plan_hash"]
+    assert again.user_attrs.get("repeat") and again.value == default.value
+    assert "seconds" in default.user_attrs and "seconds" not in again.user_attrs
+    con = sqlite3.connect(f"{tmp_path}/t.db")
+    (measured,) = con.execute("select count(*) from af_measurements where kind = 'trial' and study = ?",
+                              (cfg.study_name(),)).fetchone()
+    assert measured == len(trials) - 1
