@@ -28,6 +28,7 @@ import autofuse
 from autofuse.db import DEFAULT_URL, PlanDB
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
+from autofuse.cost_model import PRESCREEN_FACTOR, prescreen
 from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
@@ -148,11 +149,29 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
     deadline = None if cfg.timeout_s is None else time.time() + cfg.timeout_s
     timing = asdict(cfg.timing)
     candidates = CandidateLog.from_trials(study.get_trials(deepcopy=False))
+    mutation = mutation_for(cfg.sampler, cfg.mutation_rate, None if cfg.seed is None else cfg.seed + 1000 * worker_id,
+                            max_trials=cfg.trials)
 
     def objective(trial: optuna.Trial) -> float:
         t0 = time.perf_counter()
         plan, repairs = space.suggest(trial)
         label = trial.user_attrs.get("label", "tuned")
+        if label == "tuned":  # the sampler's own suggestion (not a baseline, seed or mutation)
+            model = None if mutation is None else mutation.model_for(study)
+            predicted = prescreen(model, trial.params, candidates.best_ms)
+            if predicted is not None:
+                why = (f"not measured: the cost model predicts {predicted:.4g} ms, over "
+                       f"{PRESCREEN_FACTOR:g}x the best {candidates.best_ms:.4g} ms")
+                trial.set_user_attr("plan", plan.to_json())
+                trial.set_user_attr("status", "prescreened")
+                trial.set_user_attr("predicted_ms", round(predicted, 6))
+                trial.set_user_attr("error", why)
+                timers.suggest += time.perf_counter() - t0
+                log.info("trial %d [%s] prescreened plan %s groups=%d %s", trial.number, label, plan.hash,
+                         len(plan.groups), why)
+                if stop.requested or (deadline is not None and time.time() > deadline):
+                    study.stop()
+                raise optuna.TrialPruned(why)
         t1 = time.perf_counter()
         task = {"space": cfg.space, "tiny": cfg.tiny, "plan": plan.to_json(), "target": target.spec_json,
                 "timing": timing, "inject": faults.get(trial.number)}
@@ -194,8 +213,6 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
             raise _CandidateFailed(f"{res['status']}: {res.get('error', '')}")
         return float(res["median_ms"])
 
-    mutation = mutation_for(cfg.sampler, cfg.mutation_rate, None if cfg.seed is None else cfg.seed + 1000 * worker_id,
-                            max_trials=cfg.trials)
     callbacks: list[Any] = [mutation] if mutation is not None else []
     if progress is not None:
         callbacks.append(lambda st, _t: progress(st))

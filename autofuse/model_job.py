@@ -43,6 +43,7 @@ from autofuse.measure import TimingConfig
 from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
 from autofuse.regions import model_regions, stitch
+from autofuse.cost_model import prescreen
 from autofuse.runner import OK, CandidateLog, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
@@ -163,6 +164,16 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
             if st.queued:
                 st.queued -= 1
             plan, _ = st.space.suggest(trial)
+            predicted = None if label != "tuned" or mutation is None else \
+                prescreen(mutation.model_for(st.study), trial.params, st.candidates.best_ms)
+            if predicted is not None:  # the cost model expects it far slower than the region's best: not built
+                trial.set_user_attr("status", "prescreened")
+                trial.set_user_attr("predicted_ms", round(predicted, 6))
+                st.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                st.trials += 1
+                done += 1
+                st.history.append(st.best_ms)
+                continue
             res = st.candidates.run(runner, {"space": region_spec(cfg.model, st.h), "plan": plan.to_json(),
                                              "target": target.spec_json, "timing": timing},
                                     plan.hash, cfg.candidate_timeout_s)
@@ -260,7 +271,8 @@ def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db
     trials = study.get_trials(deepcopy=False)
     st.candidates = CandidateLog.from_trials(trials)
     for t in trials:
-        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL):
+        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
+                           optuna.trial.TrialState.PRUNED):
             continue
         st.trials += 1
         if t.state == optuna.trial.TrialState.COMPLETE:

@@ -15,6 +15,7 @@ from typing import Any
 
 import optuna
 
+from autofuse import cost_model
 from autofuse.build import anchor_op, group_anchor, group_shape, partition_of
 from autofuse.graph import Graph
 from autofuse.partition import Decision, choices_for, decisions, partition_from_choices
@@ -141,17 +142,37 @@ class PlanSpace:
         return anchor_op(g, group), nest, space
 
 
+POOL_SIZE = 32  # neighbours of the best plan the cost model chooses from
+EXPLORE = 0.1  # share of mutations taken at random from the pool even when the model is ready
+
+
 class LocalMutation:
     """Study callback: after a trial, with probability ``rate``, enqueue the best trial's
     parameters with one or two of them changed (a tile to its neighbour, a flag flipped, a
     fusion decision turned).  TPE over 50-150 categorical parameters is slow to refine a good
     plan one knob at a time; this is the mutation step of an evolutionary search (Ansor's),
-    riding on Optuna's queue so that every worker and the storage see it as a normal trial."""
+    riding on Optuna's queue so that every worker and the storage see it as a normal trial.
 
-    def __init__(self, rate: float = 0.5, seed: int | None = None, max_trials: int | None = None):
+    Once a study has enough trials for its cost model (``autofuse.cost_model``), the mutation
+    queued is the one the model predicts fastest among ``POOL_SIZE`` unmeasured neighbours
+    (a random one with probability ``EXPLORE``)."""
+
+    def __init__(self, rate: float = 0.5, seed: int | None = None, max_trials: int | None = None,
+                 use_model: bool = True):
         self.rate = rate
         self.rng = random.Random(seed)
+        self.seed = seed or 0
         self.max_trials = max_trials  # the study's budget: nothing is queued past it
+        self.use_model = use_model and cost_model.available()
+        self.models: dict[str, cost_model.CostModel] = {}
+
+    def model_for(self, study: optuna.Study) -> cost_model.CostModel | None:
+        """The study's cost model (fit as trials complete), or None when models are off."""
+        if not self.use_model:
+            return None
+        if study.study_name not in self.models:
+            self.models[study.study_name] = cost_model.CostModel(self.seed)
+        return self.models[study.study_name]
 
     def __call__(self, study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
         if self.rng.random() >= self.rate:
@@ -165,14 +186,27 @@ class LocalMutation:
             best = study.best_trial
         except ValueError:  # nothing completed yet
             return
+        model = self.model_for(study)
+        ready = model is not None and model.update(trials)
         seen = [t.params for t in trials]
-        for _ in range(8):  # a few tries for a plan not measured yet
+        pool: list[dict[str, Any]] = []
+        for _ in range(2 * POOL_SIZE if ready else 8):  # a few tries for plans not measured yet
             params = self.mutate(best.params, best.distributions)
             if params is None:
                 return
-            if params not in seen:
-                study.enqueue_trial(params, user_attrs={"label": "mutation"})
-                return
+            if params not in seen and params not in pool:
+                pool.append(params)
+                if not ready or len(pool) == POOL_SIZE:
+                    break
+        if not pool:
+            return
+        attrs: dict[str, Any] = {"label": "mutation"}
+        choice = pool[0]
+        if ready and self.rng.random() >= EXPLORE:
+            predicted = model.predict_ms(pool)
+            i = int(predicted.argmin())
+            choice, attrs["predicted_ms"] = pool[i], round(float(predicted[i]), 6)
+        study.enqueue_trial(choice, user_attrs=attrs)
 
     def mutate(self, params: dict[str, Any], dists: dict[str, Any]) -> dict[str, Any] | None:
         names = [n for n, d in dists.items()

@@ -1,0 +1,100 @@
+"""A learned cost model: a plan's time predicted from its trial parameters.
+
+Measuring a candidate costs a TVM build and timed runs (0.3-5 s); predicting costs
+microseconds.  As in Ansor and MetaSchedule, a gradient-boosted tree model (XGBoost),
+refit as trials complete, decides what is worth measuring:
+
+- the mutation step draws many neighbours of the best plans and measures the one the
+  model ranks fastest (instead of one neighbour at random);
+- a plan the sampler suggests that the model predicts to be ``PRESCREEN_FACTOR`` times
+  slower than the best is not built (the trial is pruned, with the prediction as reason).
+
+Features are Optuna's own parameters (fuse decisions and per-group knobs, named by op, see
+``autofuse.search``): tiles and unroll steps on a log scale, flags as 0/1, a parameter the
+plan does not have as missing.  Offline, on the trials of a 2-minute bench (results/NOTES.md
+section 11), a model fit on the first 60% of a study ranked the rest with Spearman 0.5-0.9
+on six of eight spaces.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from typing import Any
+
+import numpy as np
+import optuna
+
+MIN_TRIALS = 20  # completed trials before the model is fit at all
+REFIT_EVERY = 8  # completed trials between refits
+PRESCREEN_FACTOR = 8.0
+_LOG_SCALE = re.compile(r":(t\d+|r\d+|unroll|reduce_vector)$")
+
+
+def available() -> bool:
+    try:
+        import xgboost  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _value(name: str, v: Any) -> float:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return math.log2(v) if v > 0 and _LOG_SCALE.search(name) else float(v)
+    return float(zlib.crc32(str(v).encode()) % 1024)
+
+
+class CostModel:
+    """Predicts log milliseconds of a study's plans from their parameters."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.names: list[str] = []
+        self._booster: Any = None
+        self._fitted_on = 0
+
+    @property
+    def ready(self) -> bool:
+        return self._booster is not None
+
+    def encode(self, params_list: list[dict[str, Any]]) -> np.ndarray:
+        col = {n: i for i, n in enumerate(self.names)}
+        x = np.full((len(params_list), len(self.names)), np.nan, dtype=np.float32)
+        for r, params in enumerate(params_list):
+            for name, v in params.items():
+                if name in col:
+                    x[r, col[name]] = _value(name, v)
+        return x
+
+    def update(self, trials: list[optuna.trial.FrozenTrial]) -> bool:
+        """Refit on the completed trials when enough new ones arrived; True if the model is usable."""
+        done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value and t.value > 0]
+        if len(done) < MIN_TRIALS or (self.ready and len(done) - self._fitted_on < REFIT_EVERY):
+            return self.ready
+        import xgboost as xgb
+
+        self.names = sorted({n for t in done for n in t.params})
+        x = self.encode([t.params for t in done])
+        y = np.log([t.value for t in done])
+        params = {"max_depth": 4, "eta": 0.1, "subsample": 0.9, "nthread": 1, "seed": self.seed, "verbosity": 0}
+        self._booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=150)
+        self._fitted_on = len(done)
+        return True
+
+    def predict_ms(self, params_list: list[dict[str, Any]]) -> np.ndarray:
+        import xgboost as xgb
+
+        return np.exp(self._booster.predict(xgb.DMatrix(self.encode(params_list))))
+
+
+def prescreen(model: CostModel | None, params: dict[str, Any], best_ms: float | None) -> float | None:
+    """The predicted time when it is ``PRESCREEN_FACTOR`` times the best or more (do not
+    measure), else None (measure)."""
+    if model is None or not model.ready or best_ms is None:
+        return None
+    predicted = float(model.predict_ms([params])[0])
+    return predicted if predicted >= PRESCREEN_FACTOR * best_ms else None

@@ -1,0 +1,112 @@
+"""The learned cost model: fit on a study's trials, it ranks plans, picks mutations and
+keeps a job from building plans it predicts to be far slower than the best."""
+
+import sqlite3
+
+import optuna
+import pytest
+
+from autofuse import cost_model
+from autofuse.cost_model import CostModel, prescreen
+from autofuse.search import LocalMutation
+
+TILES = [1, 2, 4, 8, 16, 32, 64]
+
+
+def _toy_study(n=40, seed=0):
+    """A study whose 'time' is set by two knobs: small tiles and no vectorizing are slow."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+
+    def objective(trial):
+        t = trial.suggest_categorical("F:op:t0", TILES)
+        v = trial.suggest_categorical("F:op:vector", [True, False])
+        trial.suggest_categorical("F:op:unroll", [0, 16, 64])  # irrelevant to the time
+        return 64.0 / t * (1.0 if v else 8.0)
+
+    study.optimize(objective, n_trials=n)
+    return study
+
+
+def test_fit_needs_enough_trials_then_ranks_plans():
+    study = _toy_study()
+    model = CostModel()
+    assert not model.update(study.trials[: cost_model.MIN_TRIALS - 1])
+    assert model.update(study.trials)
+    fast, mid, slow = ({"F:op:t0": 64, "F:op:vector": True, "F:op:unroll": 0},
+                       {"F:op:t0": 8, "F:op:vector": True, "F:op:unroll": 0},
+                       {"F:op:t0": 1, "F:op:vector": False, "F:op:unroll": 0})
+    p = model.predict_ms([fast, mid, slow])
+    assert p[0] < p[1] < p[2]
+    assert prescreen(model, slow, best_ms=1.0) is not None  # predicted far slower: not measured
+    assert prescreen(model, fast, best_ms=1.0) is None
+    assert prescreen(None, slow, best_ms=1.0) is None and prescreen(model, slow, best_ms=None) is None
+
+
+def test_refit_waits_for_new_trials():
+    study = _toy_study(n=cost_model.MIN_TRIALS + cost_model.REFIT_EVERY)
+    model = CostModel()
+    model.update(study.trials[: cost_model.MIN_TRIALS])
+    booster = model._booster
+    model.update(study.trials[: cost_model.MIN_TRIALS + 1])
+    assert model._booster is booster
+    model.update(study.trials)
+    assert model._booster is not booster
+
+
+def test_mutation_queues_the_neighbour_the_model_predicts_fastest():
+    study = _toy_study()
+    mutation = LocalMutation(rate=1.0, seed=1)
+    mutation.rng.random = lambda: 0.99  # past both the rate and the exploration draw
+    mutation(study, None)
+    (queued,) = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.WAITING]
+    params = queued.system_attrs["fixed_params"]  # what the trial will run with
+    best = study.best_trial.params
+    assert 1 <= sum(params[k] != best[k] for k in best) <= 2  # a neighbour of the best
+    assert queued.user_attrs["predicted_ms"] > 0
+    model = mutation.model_for(study)
+    assert queued.user_attrs["predicted_ms"] == pytest.approx(float(model.predict_ms([params])[0]), rel=1e-4)
+    measured = [t.params for t in study.trials if t.state.is_finished()]
+    others = [p for p in (mutation.mutate(best, study.best_trial.distributions) for _ in range(200))
+              if p not in measured]
+    predicted = sorted(model.predict_ms(others))
+    assert queued.user_attrs["predicted_ms"] <= predicted[len(predicted) // 2]  # not a random pick
+
+
+def test_random_search_and_use_model_false_have_no_model():
+    from autofuse.search import mutation_for
+
+    assert mutation_for("random", 0.5, 0) is None
+    assert LocalMutation(use_model=False).model_for(_toy_study(n=2)) is None
+
+
+def test_a_job_prunes_sampler_plans_the_model_expects_far_slower(tmp_path, monkeypatch):
+    """With the model fit early and the threshold at 1x, some sampler trials are predicted
+    slower than the best: they are pruned unbuilt, with the prediction in the trial."""
+    from autofuse.job import JobConfig, run_job
+    from autofuse.measure import TimingConfig
+
+    monkeypatch.setattr(cost_model, "MIN_TRIALS", 6)
+    monkeypatch.setattr(cost_model, "REFIT_EVERY", 2)
+    monkeypatch.setattr("autofuse.job.PRESCREEN_FACTOR", 1.0)
+    monkeypatch.setattr("autofuse.cost_model.PRESCREEN_FACTOR", 1.0)
+    quick = TimingConfig(repeats=2, min_repeat_ms=1, warmup=1)
+    cfg = JobConfig(space="ew_chain", tiny=True, db_url=f"sqlite:///{tmp_path}/t.db", seed=0, trials=30,
+                    timing=quick, final_timing=quick, top_k=1, log_dir=str(tmp_path), mutation_rate=0.5)
+    run_job(cfg)
+    trials = optuna.load_study(study_name=cfg.study_name(), storage=cfg.db_url).trials
+    screened = [t for t in trials if t.user_attrs.get("status") == "prescreened"]
+    assert screened, [t.user_attrs.get("status") for t in trials]
+    for t in screened:
+        assert t.state == optuna.trial.TrialState.PRUNED and t.user_attrs.get("label", "tuned") == "tuned"
+        assert t.user_attrs["predicted_ms"] > 0 and "cost model" in t.user_attrs["error"]
+    con = sqlite3.connect(f"{tmp_path}/t.db")
+    (measured,) = con.execute("select count(distinct trial_number) from af_measurements where kind = 'trial'").fetchone()
+    assert measured <= len(trials) - len(screened)  # none of them built or stored
+    assert any("predicted_ms" in t.user_attrs for t in trials if t.user_attrs.get("label") == "mutation")
+
+
+@pytest.mark.parametrize("value, expected", [(True, 1.0), (64, 6.0), (0, 0.0), (-1, -1.0)])
+def test_tiles_are_encoded_on_a_log_scale_and_flags_as_numbers(value, expected):
+    model = CostModel()
+    model.names = ["F:op:t1"]
+    assert model.encode([{"F:op:t1": value}])[0, 0] == expected
