@@ -12,6 +12,11 @@ the anchor's loop nest and say where every other block of the group goes:
   order).  For a GEMM, 1 puts the column tiles outside the row tiles, so each column
   strip of the weight stays in cache while all rows use it, instead of the whole weight
   streaming from memory once per row tile.
+- ``k_block``: run the first reduction loop in blocks of this many steps, the block loop
+  outermost (0 = off).  A GEMM whose operands do not fit the L2 cache then works on one
+  ``rows x k_block`` slice of A and ``k_block x columns`` slice of B at a time (the blocking
+  of GotoBLAS), adding each block's products to the output; epilogue and producers then run
+  at root, after / before the whole reduction.
 - ``parallel``: how many outer spatial tile loops (in that order) are fused into one
   parallel loop.
 - ``vector``: vectorize the innermost spatial loop; ``unroll``: auto-unroll max step.
@@ -40,7 +45,8 @@ from tvm import s_tir, tirx
 from autofuse.plan import PlanError
 
 BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue")
-INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector", "outer_first")
+INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector", "outer_first", "k_block")
+K_BLOCKS = (64, 128, 256, 512)
 UNROLL_STEPS = (0, 16, 64, 256)
 REDUCE_VECTOR_WIDTHS = (0, 8, 16, 32, 64)
 MAX_ACCUMULATORS = 512  # inner spatial tile of a reduction (e.g. 8 x 64 floats = 32 zmm registers)
@@ -120,7 +126,7 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
         # (padding, GELU) would be recomputed for every column tile
         inline_producers=not nest.has_reduction,
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
-        reduce_vector=16, outer_first=0,
+        reduce_vector=16, outer_first=0, k_block=0,
     )
     if n >= 4 and nest.has_reduction and nest.spatial[2] >= 16:
         # NCHW convolution: image rows outermost and in parallel, padding (or a producer) made
@@ -179,6 +185,8 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, produ
         del space["inline_epilogue"], space["epilogue_at"]
     if side_reductions:
         space["reduce_vector"] = list(REDUCE_VECTOR_WIDTHS)
+    if nest.has_reduction and any(2 * b <= nest.reduce[0] for b in K_BLOCKS):
+        space["k_block"] = [0] + [b for b in K_BLOCKS if 2 * b <= nest.reduce[0]]
     for key, value in default_knobs(nest).items():  # the default schedule is always a point of the space
         if key in space and value not in space[key]:
             space[key] = sorted(space[key] + [value], key=lambda v: (isinstance(v, bool), v))
@@ -208,6 +216,11 @@ def resolve_knobs(nest: LoopNest, knobs: dict[str, Any]) -> dict[str, Any]:
             raise PlanError(f"unroll={value} is out of range 0..4096")
         elif key in ("epilogue_at", "producer_at") and not -1 <= value < len(nest.spatial):
             raise PlanError(f"{key}={value} is out of range -1..{len(nest.spatial) - 1}")
+        elif key == "k_block" and value < 0:
+            raise PlanError(f"k_block={value} must be 0 (off) or a positive block length")
+        elif key == "k_block" and value and not (nest.has_reduction and value <= nest.reduce[0]):
+            raise PlanError(f"k_block={value} needs a reduction loop of at least that length "
+                            f"(reduction loops: {list(nest.reduce) or 'none'})")
         elif key == "reduce_vector" and value not in REDUCE_VECTOR_WIDTHS:
             raise PlanError(f"reduce_vector={value} must be one of {', '.join(map(str, REDUCE_VECTOR_WIDTHS))}")
         full[key] = value
@@ -258,10 +271,15 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
     if len(loops) != len(iters):
         raise ScheduleRejected(f"anchor block {anchor_name} has a loop nest autofuse cannot tile")
     s_outer, s_inner, r_outer, r_inner = [], [], [], []
+    blocks = []  # the k_block loop, outermost
     si = ri = 0
     for loop, iv in zip(loops, iters):
         ext = int(iv.dom.extent)
         if int(iv.iter_type) == 2:
+            if ri == 0 and 0 < k["k_block"] < ext:
+                block_loop, loop = sch.split(loop, [None, k["k_block"]])
+                blocks.append(block_loop)
+                ext = k["k_block"]
             t, ri = k[f"r{ri}"], ri + 1
             outer, inner = r_outer, r_inner
         else:
@@ -283,7 +301,7 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
             raise ScheduleRejected(f"register tile of {acc} accumulators exceeds {MAX_ACCUMULATORS}")
     if 0 < k["outer_first"] < len(s_outer):
         s_outer.insert(0, s_outer.pop(k["outer_first"]))
-    sch.reorder(*(s_outer + r_outer + r_inner + s_inner))
+    sch.reorder(*(blocks + s_outer + r_outer + r_inner + s_inner))
 
     p = min(k["parallel"], len(s_outer))
     tile_loops = list(s_outer)
@@ -293,14 +311,15 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
         tile_loops = [fused] + s_outer[p:]
     if k["vector"] and s_inner:
         sch.vectorize(s_inner[-1])
-    first = (tile_loops or r_outer or r_inner or s_inner)[0]
+    first = (blocks or tile_loops or r_outer or r_inner or s_inner)[0]
     if k["unroll"]:
         sch.annotate(first, "pragma_auto_unroll_max_step", k["unroll"])
         sch.annotate(first, "pragma_unroll_explicit", 1)
 
     def at(index: int) -> Any:
-        """The tile loop for a knob index over the original spatial outer loops."""
-        if index < 0 or not tile_loops:
+        """The tile loop for a knob index over the original spatial outer loops (none under
+        a k_block loop: a tile there holds partial sums only)."""
+        if index < 0 or not tile_loops or blocks:
             return None
         pos = max(0, index - p + 1) if p >= 1 else index
         return tile_loops[min(pos, len(tile_loops) - 1)]
@@ -329,8 +348,8 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
                 _root_schedule(sch, name, k)
     for name in partial_sums:
         _vectorize_partial_sums(sch, name, k)
-    if r_outer or r_inner:
-        sch.decompose_reduction(anchor, (r_outer or r_inner)[0])
+    if blocks or r_outer or r_inner:
+        sch.decompose_reduction(anchor, (blocks or r_outer or r_inner)[0])
 
 
 def _is_plain_copy(block: Any) -> bool:

@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import tvm
 
 from autofuse.build import build, group_anchor
 from autofuse.measure import QUICK
@@ -140,3 +141,42 @@ def test_outer_first_out_of_range_is_a_plan_error():
 
     with pytest.raises(PlanError, match="outer_first=2 is out of range"):
         resolve_knobs(LoopNest((8, 16), (4,)), {"outer_first": 2})
+
+
+@pytest.mark.parametrize("space, k_block", [("gemm_bn", 8), ("mlp_gelu", 16), ("conv_bn_relu", 2)])
+def test_k_block_runs_the_reduction_in_blocks_outermost(space, k_block):
+    """k_block splits the first reduction loop and puts the block loop outermost, around the
+    parallel tile loops; the result is the reference's."""
+    from autofuse.build import outline, partition_of
+    from autofuse.schedule import apply_cpu, resolve_knobs
+    from tvm import s_tir
+
+    w = get_workload(space, tiny=True)
+    g = w.graph(True)
+    part = partition_of(g, w.reference_plan("default"))
+    knobs = [{"k_block": k_block} if group_anchor(g, grp)[1].reduce else {} for grp in part]
+    plan = w.partition_plan(part, True, "kb", knobs)
+    gi = next(i for i, kn in enumerate(knobs) if kn)
+    fused = outline(g, part)
+    sch = s_tir.Schedule(fused.mod)
+    anchor, nest = group_anchor(g, part[gi])
+    sch.work_on(fused.kernels[gi])
+    name = sch.get(sch.get_child_blocks(sch.get_sblock("root"))[anchor]).name_hint
+    apply_cpu(sch, fused.kernels[gi], anchor, resolve_knobs(nest, knobs[gi]))
+    loops = [sch.get(l) for l in sch.get_loops(sch.get_sblock(f"{name}_update"))]
+    assert int(loops[0].extent) == nest.reduce[0] // k_block and loops[0].kind == tvm.tirx.ForKind.SERIAL
+    assert loops[1].kind == tvm.tirx.ForKind.PARALLEL
+    res = evaluate_plan(w, plan, LLVM, QUICK)
+    assert res["status"] == OK and res["correct"], res
+
+
+def test_k_block_needs_a_reduction_long_enough():
+    from autofuse.schedule import LoopNest, resolve_knobs
+
+    with pytest.raises(PlanError, match="k_block=64 needs a reduction loop"):
+        resolve_knobs(LoopNest((8, 16), (32,)), {"k_block": 64})
+    with pytest.raises(PlanError, match="k_block=16 needs a reduction loop"):
+        resolve_knobs(LoopNest((8, 16), ()), {"k_block": 16})
+    with pytest.raises(PlanError, match="must be 0"):
+        resolve_knobs(LoopNest((8, 16), (32,)), {"k_block": -4})
+    assert resolve_knobs(LoopNest((8, 16), (32,)), {"k_block": 8})["k_block"] == 8
