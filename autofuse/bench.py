@@ -383,23 +383,61 @@ def _clear_scratch(out_dir: Path) -> None:
             shutil.rmtree(d)
 
 
+class BenchAppendError(Exception):
+    """``--append`` onto a report measured under other settings (budget, target, shapes)."""
+
+
+def _previous_report(out_dir: Path, target: Target, budget_s: float, tiny: bool) -> dict[str, Any] | None:
+    """The report ``--append`` adds to, checked to be comparable with this run."""
+    path = out_dir / "bench.json"
+    if not path.exists():
+        return None
+    try:
+        prev = json.loads(path.read_text())
+        prev_budget, prev_target = float(prev["budget_s"]), prev["target"]
+        prev_tiny = any(r.get("tiny") for r in prev["spaces"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise BenchAppendError(f"--append: {path} is not a bench report ({type(e).__name__}: {e})") from None
+    if prev_budget != budget_s:
+        raise BenchAppendError(f"--append: {path} was measured with a {prev_budget:.0f} s budget, this run has "
+                               f"{budget_s:.0f} s; use the same --budget or another --output")
+    if prev_target != target.spec or prev_tiny != tiny:
+        raise BenchAppendError(f"--append: {path} was measured for another target or shapes; use another --output")
+    return prev
+
+
 def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False,
               rounds: int = 5, repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0,
               include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None,
-              compare_random: bool = False) -> dict[str, Any]:
+              compare_random: bool = False, append: bool = False) -> dict[str, Any]:
+    """Bench ``spaces`` and write the report.  ``append``: keep the spaces of the report
+    already in ``out_dir`` that this run does not measure (a long bench split over several
+    sessions); each space keeps the date and machine peaks of the run that measured it."""
     import tvm
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    prev = _previous_report(out_dir, target, budget_s, tiny) if append else None
     _clear_scratch(out_dir)
     progress("measuring machine peaks (SGEMM, copy)")
     peaks = machine_peaks()
-    results = [bench_space(s, target, budget_s, out_dir, tiny=tiny, rounds=rounds, repeats=repeats,
-                           min_repeat_ms=min_repeat_ms, seed=seed, peaks=peaks, include=include, progress=progress,
-                           compare_random=compare_random)
-               for s in spaces]
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "target": target.spec, "threads": num_threads(),
+    date = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    results = []
+    for s in spaces:
+        r = bench_space(s, target, budget_s, out_dir, tiny=tiny, rounds=rounds, repeats=repeats,
+                        min_repeat_ms=min_repeat_ms, seed=seed, peaks=peaks, include=include, progress=progress,
+                        compare_random=compare_random)
+        results.append({**r, "date": date})
+    runs = [{"date": date, "spaces": list(spaces), "peaks": peaks}]
+    if prev is not None:
+        kept = [r for r in prev["spaces"] if r["space"] not in spaces]
+        results = kept + results
+        runs = prev.get("runs") or [{"date": prev["date"], "spaces": [r["space"] for r in prev["spaces"]],
+                                     "peaks": prev["peaks"]}]
+        runs = [{**run, "spaces": [x for x in run["spaces"] if x not in spaces]} for run in runs]
+        runs = [run for run in runs if run["spaces"]] + [{"date": date, "spaces": list(spaces), "peaks": peaks}]
+    report = {"date": date, "target": target.spec, "threads": num_threads(),
               "tvm_version": tvm.__version__, "peaks": peaks, "budget_s": budget_s, "rounds": rounds,
-              "repeats": repeats, "min_repeat_ms": min_repeat_ms, "spaces": results}
+              "repeats": repeats, "min_repeat_ms": min_repeat_ms, "runs": runs, "spaces": results}
     geo = {}
     for col in COLUMNS:
         ratios = [r.get("ratios_vs_autofuse", {}).get(col) for r in results]
@@ -489,11 +527,17 @@ def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
 def markdown_report(report: dict[str, Any], command: str = "") -> str:
     """The bench as a markdown table (what results/README.md shows)."""
     cols = [c for c in COLUMNS if any(c in r["columns"] for r in report["spaces"])]
-    lines = [f"Measured {report['date']} on this machine ({report['threads']} threads, TVM {report['tvm_version']}), "
+    runs = report.get("runs") or [{"date": report["date"], "spaces": [r["space"] for r in report["spaces"]],
+                                   "peaks": report["peaks"]}]
+    when = runs[0]["date"] if len(runs) == 1 else f"in {len(runs)} runs (" + "; ".join(
+        f"{run['date']}: {', '.join(run['spaces'])}" for run in runs) + ")"
+    lines = [f"Measured {when} on this machine ({report['threads']} threads, TVM {report['tvm_version']}), "
              f"tuning budget {report['budget_s']:.0f} s per space for autofuse and MetaSchedule alike; "
              f"{report['rounds']} interleaved rounds x {report['repeats']} repeats, median (spread = max-min) in ms.",
-             f"Peaks measured by the same command: {report['peaks']['peak_gflops']:.0f} GFLOP/s "
-             f"({report['peaks'].get('peak_source', 'numpy')} SGEMM 2048^3), {report['peaks']['bandwidth_gbs']:.1f} GB/s (copy).", ""]
+             "Peaks measured by the same command: " + "; ".join(
+                 f"{run['peaks']['peak_gflops']:.0f} GFLOP/s ({run['peaks'].get('peak_source', 'numpy')} SGEMM "
+                 f"2048^3), {run['peaks']['bandwidth_gbs']:.1f} GB/s (copy)" + (f" ({run['date']})" if len(runs) > 1 else "")
+                 for run in runs) + ".", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
     lines.append("| space | " + " | ".join(cols) + " | roofline | autofuse/roofline | trials | 95% of best at |")

@@ -352,10 +352,14 @@ class _tune_progress:
               show_default=True, help="Which columns to run (comma-separated).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--compare-random", is_flag=True, help="Also run random search with the same budget (search-efficiency chart).")
+@click.option("--append", is_flag=True,
+              help="Keep the spaces of the report already in --output that this run does not measure (a long "
+                   "bench split over several runs; the budget must be the same). Table, geomeans and charts cover all.")
 @tiny_option
 @json_option
 def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: str, rounds: int, repeats: int,
-          min_repeat_ms: int, columns: str, seed: int, compare_random: bool, tiny: bool, as_json: bool) -> None:
+          min_repeat_ms: int, columns: str, seed: int, compare_random: bool, append: bool, tiny: bool,
+          as_json: bool) -> None:
     """autofuse's best plan vs unfused, TVM (default, MetaSchedule), onnxruntime, NumPy and the roofline."""
     from pathlib import Path
 
@@ -382,7 +386,8 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     console = _console()
     say = (lambda s: None) if as_json else (lambda s: console.print(f"[dim]{s}[/]"))
     report = run_bench(names, target, budget, Path(out_dir), tiny=tiny, rounds=rounds, repeats=repeats,
-                       min_repeat_ms=min_repeat_ms, seed=seed, include=cols, progress=say, compare_random=compare_random)
+                       min_repeat_ms=min_repeat_ms, seed=seed, include=cols, progress=say, compare_random=compare_random,
+                       append=append)
 
     def render() -> None:
         from rich.table import Table

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 def classify(exc: BaseException) -> int | None:
     """Exit code for a known autofuse error, or None for an unexpected one (a bug)."""
+    from autofuse.bench import BenchAppendError
     from autofuse.build import BuildError
     from autofuse.db import DBError
     from autofuse.deploy import DeployError
@@ -18,7 +19,7 @@ def classify(exc: BaseException) -> int | None:
     from autofuse.search import SamplerUnavailable, SpaceChanged
 
     if isinstance(exc, (SpaceError, PlanError, TargetError, GraphError, ScheduleRejected, SamplerUnavailable, JobError,
-                        SpaceChanged)):
+                        SpaceChanged, BenchAppendError)):
         return 2
     if isinstance(exc, (BuildError, DBError, DeployError, OSError)) or storage_error(exc) is not None:
         return 1

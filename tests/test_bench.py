@@ -48,3 +48,25 @@ def test_metaschedule_estimate_waits_for_every_task_and_skips_failed_records(tmp
     assert _estimate_ms(tmp_path) is None
     rec.write_text(rec.read_text() + json.dumps([1, [None, [0.001]]]) + "\n")
     assert _estimate_ms(tmp_path) == pytest.approx(4.0)
+
+
+def test_bench_append_adds_spaces_to_the_report_and_refuses_another_budget(tmp_path):
+    """A long bench split over runs: the second run's space joins the first's in one report
+    (table, geomeans), each with its run's date; another budget is refused and changes nothing."""
+    out = tmp_path / "bench"
+    common = ("--tiny", "--columns", "numpy,autofuse", "--rounds", "1", "--repeats", "1", "--min-repeat-ms", "1",
+              "-o", str(out), "--json")
+    r = cli("bench", "ew_chain", "--budget", "3s", *common, timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = cli("bench", "layernorm_residual", "--budget", "3s", "--append", *common, timeout=600)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((out / "bench.json").read_text())
+    assert [s["space"] for s in report["spaces"]] == ["ew_chain", "layernorm_residual"]
+    assert [run["spaces"] for run in report["runs"]] == [["ew_chain"], ["layernorm_residual"]]
+    assert all(s["date"] for s in report["spaces"]) and "numpy" in report["geomean_speedup_of_autofuse"]
+    md = (out / "bench.md").read_text()
+    assert "in 2 runs" in md and "| ew_chain |" in md and "| layernorm_residual |" in md
+    before = (out / "bench.json").read_text()
+    r = cli("bench", "ew_chain", "--budget", "4s", "--append", *common, timeout=600)
+    assert r.returncode == 2 and "3 s budget" in r.stderr and "Traceback" not in r.stderr
+    assert (out / "bench.json").read_text() == before
