@@ -268,7 +268,7 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
                                 "final_rounds": 1})
             rres = run_job(rcfg)
             extra["random_curve"] = _autofuse_curve(db_url, rres.study)
-            extra["random_job"] = {"trials": rres.trials_this_job, "best": rres.best}
+            extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best}
         return runnable
 
     def metaschedule_col() -> _Runnable:
@@ -548,7 +548,8 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
         row.append(f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "")
         row.append(f"{r['autofuse_over_roofline']:.2f}x" if r.get("autofuse_over_roofline") else "")
         job = r.get("autofuse_job") or {}
-        row.append(str(job.get("trials_this_job", "")))
+        trials = job.get("trials_this_job", "")
+        row.append(f"{trials} ({job['measured']} built)" if job.get("measured") is not None and trials != "" else str(trials))
         at = r.get("autofuse_95pct_at_s")
         row.append(f"{at:.0f} s" if at is not None else "")
         lines.append("| " + " | ".join(row) + " |")

@@ -287,7 +287,8 @@ def tune(space: str, target_text: str, trials: int | None, timeout_text: str | N
         c = _console()
         b = result.best
         c.print(f"study [bold]{result.study}[/]: {result.trials_this_job} trials this job ({result.trials_total} total; "
-                f"{result.complete} ok, {result.failed} failed, {result.pruned} rejected) in {result.wall_s:.0f} s"
+                f"{result.complete} ok, {result.failed} failed, {result.pruned} rejected or prescreened; "
+                f"{result.measured} plans built and measured, {result.repeats} repeats) in {result.wall_s:.0f} s"
                 + ("  [yellow](interrupted: resume with the same command)[/]" if result.interrupted else ""))
         if b:
             ups = ", ".join(f"{v:.2f}× vs {k.removeprefix('speedup_vs_')}" for k, v in b.items()

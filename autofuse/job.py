@@ -373,6 +373,9 @@ class JobResult:
     overhead: dict[str, float]
     interrupted: bool
     log: str
+    measured: int = 0  # trials whose plan was built and measured (the rest: repeats, prescreened, rejected)
+    repeats: int = 0  # trials answered from an earlier trial of the same plan
+    prescreened: int = 0  # trials the cost model kept from being built
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -496,4 +499,6 @@ def _summarize(cfg: JobConfig, study: optuna.Study, before: int, wall: float, ti
         complete=by_state[optuna.trial.TrialState.COMPLETE], failed=by_state[optuna.trial.TrialState.FAIL],
         pruned=by_state[optuna.trial.TrialState.PRUNED], wall_s=wall, best=best, reference=ref, final=final,
         overhead=overhead, interrupted=interrupted, log=str(logpath),
+        measured=sum("seconds" in t.user_attrs for t in trials), repeats=sum(bool(t.user_attrs.get("repeat")) for t in trials),
+        prescreened=sum(t.user_attrs.get("status") == "prescreened" for t in trials),
     )
