@@ -9,7 +9,9 @@
    region (from an earlier job), from that plan too, then the schedule templates of
    ``PlanSpace.seed_trials`` (all enqueued; every region measures its default before
    any region its second plan).  After that, half the trials of a region mutate its
-   best plan (``LocalMutation``), the other half come from the sampler.
+   best plan (``LocalMutation``), the other half come from the sampler; and when a region
+   of the same structure (``regions.structure``: the same ops, other shapes) has found a
+   better plan, that plan, carried over, is measured first (label ``similar``).
 3. The rest of the trial budget goes, one trial at a time, to the region with the
    highest Ansor-style priority: its share of the model's time (instances x best
    latency) times how much it is still improving (best latency gained over its
@@ -42,7 +44,7 @@ from autofuse.job import ALIVE, fail_orphaned_trials, stored_best_plan
 from autofuse.measure import TimingConfig
 from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
-from autofuse.regions import model_regions, stitch
+from autofuse.regions import model_regions, stitch, structure
 from autofuse.cost_model import prescreen
 from autofuse.runner import OK, CandidateLog, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler, mutation_for
@@ -111,6 +113,8 @@ class _RegionState:
     history: list[float] = field(default_factory=list)  # best-so-far after each trial
     default_ms: float | None = None
     candidates: CandidateLog = field(default_factory=CandidateLog)
+    structure: tuple = ()  # regions.structure: regions alike hand each other their best plans
+    offered: set[str] = field(default_factory=set)  # plan hashes of alike regions already queued here
 
     def priority(self, window: int, total_trials: int) -> float:
         if self.queued:  # every region's default first, then the rest of every queue in turn
@@ -158,6 +162,8 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
     with IsolatedRunner(cfg.candidate_timeout_s, cfg.mem_limit_mb) as runner:
         while (budget is None or done < budget) and (deadline is None or time.time() < deadline):
             st = max(states, key=lambda s: s.priority(cfg.window, done))
+            if not st.queued:
+                _offer_similar(st, states)
             trial = st.study.ask()
             label = trial.user_attrs.get("label", "tuned")
             trial.set_user_attr("label", label)
@@ -252,6 +258,23 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
     }
 
 
+def _offer_similar(st: _RegionState, states: list[_RegionState]) -> None:
+    """Queue, carried over to ``st``, the best plan of a region with the same structure (the
+    one most improved over its default), once per plan: a schedule that won on one
+    conv-BN-activation layer is a good first guess for its siblings of other sizes."""
+    donors = [o for o in states if o is not st and o.structure == st.structure and o.best_plan is not None
+              and o.best_plan.hash not in st.offered]
+    if not donors:
+        return
+    donor = min(donors, key=lambda o: (o.best_ms or 1.0) / (o.default_ms or o.best_ms or 1.0))
+    st.offered.add(donor.best_plan.hash)
+    params = st.space.params_like(donor.best_plan, donor.w)
+    if params is None or params in [t.params for t in st.study.get_trials(deepcopy=False)]:
+        return
+    st.study.enqueue_trial(params, user_attrs={"label": "similar"})
+    st.queued += 1
+
+
 def region_study_name(rw: Workload, target: Target) -> str:
     """One Optuna study per region and target, shared by every model holding the region."""
     return f"region-{rw.hash}@{target.tag}"
@@ -266,7 +289,8 @@ def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db
     name = region_study_name(rw, target)
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="minimize",
                                 load_if_exists=True)
-    st = _RegionState(h, rw, count, study, PlanSpace(rw))
+    st = _RegionState(h, rw, count, study, PlanSpace(rw), structure=structure(rw))
+    st.best_plan = stored_best_plan(db, rw.hash, target, host)  # what alike regions may borrow
     fail_orphaned_trials(study, storage, grace_s=cfg.candidate_timeout_s + 60)  # no live job runs one that long
     trials = study.get_trials(deepcopy=False)
     st.candidates = CandidateLog.from_trials(trials)
@@ -285,10 +309,9 @@ def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db
     if "default" not in labels:
         study.enqueue_trial(st.space.params_of(rw.reference_plan("default")), user_attrs={"label": "default"})
     if not trials:
-        stored = stored_best_plan(db, rw.hash, target, host)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a stored plan outside today's space is skipped
-            for params, label in st.space.seed_trials(stored):
+            for params, label in st.space.seed_trials(st.best_plan):
                 study.enqueue_trial(params, user_attrs={"label": label})
     st.queued = _waiting(study)
     return st

@@ -181,6 +181,23 @@ def model_regions(model: Workload) -> RegionSet:
     return rs
 
 
+def structure(w: Workload) -> tuple:
+    """A region's shape-free structure: each op's kernel kind (PrimFunc name without its
+    numeric suffix) and fusion kind, and where each argument comes from (an earlier op by
+    position, an input, a constant).  Regions of one structure differ only in shapes (a
+    ResNet stage's blocks, MobileNet's many conv-BN-activation layers), so a plan of one
+    maps onto another op by op (``PlanSpace.params_like``)."""
+    g = w.graph(True)
+    idx = g.index()
+    inputs = [t.name for t in g.inputs]
+    out = []
+    for op in g.ops:
+        args = tuple(("op", idx[a]) if a in idx else ("const",) if a.startswith("const:") else ("in", inputs.index(a))
+                     for a in op.args)
+        out.append((op.func.rstrip("0123456789"), op.kind.name, args))
+    return tuple(out)
+
+
 def region_workload(model: Workload, h: str) -> Workload:
     rs = model_regions(model)
     if h not in rs.workloads:

@@ -102,6 +102,39 @@ class PlanSpace:
                     params[knob_param(g, fold, a, k)] = v
         return params
 
+    def params_like(self, plan: Plan, source: Workload) -> dict[str, Any] | None:
+        """Params of the plan of ``source`` carried over to this workload, which has the same
+        ops wired the same way (see ``regions.structure``) but other shapes: groups mapped op
+        by op, each knob kept where this space has its value, a tile too large for a loop
+        here shrunk to the largest candidate that fits.  None when the plan does not carry over."""
+        fold = plan.fold_params
+        g_src, g = source.graph(fold), self.workload.graph(fold)
+        if len(g_src.ops) != len(g.ops):
+            return None
+        pos = g_src.index()
+        groups = tuple(tuple(sorted(pos[o] for o in grp)) for grp in plan.groups if all(o in pos for o in grp))
+        if len(groups) != len(plan.groups):
+            return None
+        schedules = []
+        for group, sched in zip(groups, plan.schedules):
+            _, _, space = self._group_space(g, group)
+            kept = {}
+            for k, v in sched.items():
+                values = space.get(k)
+                if not values:
+                    continue
+                if v in values:
+                    kept[k] = v
+                elif isinstance(v, int) and not isinstance(v, bool):
+                    fits = [c for c in values if isinstance(c, int) and not isinstance(c, bool) and c <= v]
+                    if fits:
+                        kept[k] = max(fits)
+            schedules.append(kept)
+        try:
+            return self.params_of(self.workload.partition_plan(groups, fold, "similar", schedules))
+        except PlanError:
+            return None
+
     def seed_trials(self, stored_best: Plan | None = None) -> list[tuple[dict[str, Any], str]]:
         """(params, label) of the plans a new study measures right after its baselines: the
         best plan already stored for this workload and target (a warm start), and the

@@ -236,3 +236,60 @@ def test_cli_errors_are_one_line_exit_2(tmp_path):
     assert_clean_error(cli("import", str(p)), 2, "symbolic dim 'batch'", "--shape")
     r = cli("import", str(p), "--shape", "x=2,8", "--db", f"sqlite:///{tmp_path / 's.db'}")
     assert r.returncode == 0, r.stderr
+
+
+def _two_alike_layers(tmp_path):
+    """x -> MatMul(8x32) -> Relu -> MatMul(32x64) -> Relu: two regions of one structure, other shapes."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 32)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((32, 64)).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    return _helper_model(tmp_path / "alike.onnx", nodes, [x], y, [w1, w2])
+
+
+def test_alike_regions_hand_each_other_their_best_plan(tmp_path):
+    """Two regions of one structure (other shapes): the best plan of one is queued in the other's
+    study, op names mapped by position, knobs kept where they fit, tiles shrunk where they do
+    not; each plan is offered once."""
+    import optuna
+
+    from autofuse.model_job import _offer_similar, _RegionState
+    from autofuse.regions import model_regions, structure
+    from autofuse.search import PlanSpace
+
+    w = get_workload(model_spec(_two_alike_layers(tmp_path)))
+    (ha, wa), (hb, wb) = model_regions(w).workloads.items()
+    assert ha != hb and structure(wa) == structure(wb)
+    states = [_RegionState(h, rw, 1, optuna.create_study(), PlanSpace(rw), structure=structure(rw))
+              for h, rw in ((ha, wa), (hb, wb))]
+    donor, taker = states
+    if donor.w.graph(True).ops[0].shape[-1] < taker.w.graph(True).ops[0].shape[-1]:
+        donor, taker = taker, donor  # the donor is the wider layer: its 64-column tile must shrink
+    default = donor.w.reference_plan("default")
+    donor.best_plan = donor.w.partition_plan(tuple(tuple(range(len(donor.w.graph(True).ops))) for _ in [0]), True,
+                                             "tuned", [{"t1": 64, "unroll": 16, "vector": False}])
+    donor.best_ms, donor.default_ms = 1.0, 2.0
+    assert donor.best_plan.groups == default.groups
+    _offer_similar(taker, states)
+    (queued,) = taker.study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert queued.user_attrs["label"] == "similar" and taker.queued == 1
+    params = queued.system_attrs["fixed_params"]
+    matmul = taker.w.graph(True).ops[0].name
+    assert params[f"F:{matmul}:unroll"] == 16 and params[f"F:{matmul}:vector"] is False
+    assert params[f"F:{matmul}:t1"] == 32  # 64 does not fit the 32 columns here
+    _offer_similar(taker, states)
+    assert len(taker.study.get_trials(states=(optuna.trial.TrialState.WAITING,))) == 1  # offered once
+
+
+def test_model_tune_with_alike_regions_runs_end_to_end(tmp_path):
+    from autofuse.model_job import ModelTuneConfig, tune_model
+
+    spec = model_spec(_two_alike_layers(tmp_path))
+    res = tune_model(ModelTuneConfig(spec, db_url=f"sqlite:///{tmp_path / 'a.db'}", trials=14, timing=QUICK,
+                                     final_timing=QUICK))
+    assert res["trials"] == 14 and res["final"]["stitched"]["status"] == "ok", res["final"]
