@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--kind", choices=("conv", "gemm", "all"), default="conv")
     ap.add_argument("--old-default", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     variants = {"default": {}, **json.loads(args.variants)}
     if args.old_default:
         variants["old-default"] = OLD_DEFAULT
