@@ -431,9 +431,7 @@ def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path,
     if prev is not None:
         kept = [r for r in prev["spaces"] if r["space"] not in spaces]
         results = kept + results
-        runs = prev.get("runs") or [{"date": prev["date"], "spaces": [r["space"] for r in prev["spaces"]],
-                                     "peaks": prev["peaks"]}]
-        runs = [{**run, "spaces": [x for x in run["spaces"] if x not in spaces]} for run in runs]
+        runs = [{**run, "spaces": [x for x in run["spaces"] if x not in spaces]} for run in _runs(prev)]
         runs = [run for run in runs if run["spaces"]] + [{"date": date, "spaces": list(spaces), "peaks": peaks}]
     report = {"date": date, "target": target.spec, "threads": num_threads(),
               "tvm_version": tvm.__version__, "peaks": peaks, "budget_s": budget_s, "rounds": rounds,
@@ -524,11 +522,16 @@ def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
     return text
 
 
+def _runs(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs that measured the report's spaces (one, for a report from before ``--append``)."""
+    return report.get("runs") or [{"date": report["date"], "spaces": [r["space"] for r in report["spaces"]],
+                                   "peaks": report["peaks"]}]
+
+
 def markdown_report(report: dict[str, Any], command: str = "") -> str:
     """The bench as a markdown table (what results/README.md shows)."""
     cols = [c for c in COLUMNS if any(c in r["columns"] for r in report["spaces"])]
-    runs = report.get("runs") or [{"date": report["date"], "spaces": [r["space"] for r in report["spaces"]],
-                                   "peaks": report["peaks"]}]
+    runs = _runs(report)
     when = runs[0]["date"] if len(runs) == 1 else f"in {len(runs)} runs (" + "; ".join(
         f"{run['date']}: {', '.join(run['spaces'])}" for run in runs) + ")"
     lines = [f"Measured {when} on this machine ({report['threads']} threads, TVM {report['tvm_version']}), "

@@ -183,23 +183,13 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
         timers.measure += res.get("run_s") or 0.0
         timers.trials += 1
         trial.set_user_attr("plan", plan.to_json())
-        trial.set_user_attr("plan_hash", plan.hash)
-        trial.set_user_attr("status", res["status"])
         trial.set_user_attr("groups", len(plan.groups))
         if repairs:
             trial.set_user_attr("repairs", repairs[:20])
-        if res.get("error"):
-            trial.set_user_attr("error", res["error"][:1000])
-        if res.get("repeat"):  # measured before in this study: nothing new to store
-            trial.set_user_attr("repeat", True)
-        else:
-            trial.set_user_attr("seconds", round(res["seconds"], 3))
-            plan_id = db.put_plan(w.hash, target.spec, host, plan.hash, plan.to_json(), label)
-            db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"),
-                               max_ms=res.get("max_ms"), std_ms=res.get("std_ms"), repeats=res.get("repeats") or 0,
-                               correct=res["status"] == OK, max_rel_err=_finite(res.get("max_rel_err")),
-                               error=res.get("error"), kind="trial", tvm_version=_tvm_version(),
-                               autofuse_version=autofuse.__version__, study=study.study_name, trial_number=trial.number)
+        CandidateLog.mark(trial, plan.hash, res)
+        if not res.get("repeat"):  # a repeat was measured before in this study: nothing new to store
+            store_result(db, w.hash, target, host, plan, label, res, kind="trial", study=study.study_name,
+                         trial_number=trial.number)
         timers.record += time.perf_counter() - t2
         log.info("trial %d [%s] %s plan %s groups=%d %s%s", trial.number, label, res["status"], plan.hash,
                  len(plan.groups), f"{res['median_ms']:.4f} ms" if res["status"] == OK else res.get("error", ""),
@@ -236,14 +226,21 @@ def _budget_left(study: optuna.Study, cfg: JobConfig) -> bool:
     return len(study.get_trials(deepcopy=False, states=FINISHED)) < cfg.trials
 
 
-def _finite(x: Any) -> float | None:
-    return None if x is None or x != x or x in (float("inf"), float("-inf")) else float(x)
-
-
 def _tvm_version() -> str:
     import tvm
 
     return tvm.__version__
+
+
+def store_result(db: PlanDB, workload_hash: str, target: Target, host: dict, plan: Plan, label: str,
+                 res: dict[str, Any], *, kind: str, study: str, trial_number: int | None = None) -> None:
+    """A candidate's result (``runner`` result dict) in the plan DB: its plan, then the measurement."""
+    plan_id = db.put_plan(workload_hash, target.spec, host, plan.hash, plan.to_json(), label)
+    db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"), max_ms=res.get("max_ms"),
+                       std_ms=res.get("std_ms"), repeats=res.get("repeats") or 0, correct=res["status"] == OK,
+                       max_rel_err=res.get("max_rel_err"), error=res.get("error"), kind=kind,
+                       tvm_version=_tvm_version(), autofuse_version=autofuse.__version__, study=study,
+                       trial_number=trial_number)
 
 
 def _spawned_worker(cfg_json: str, worker_id: int) -> None:

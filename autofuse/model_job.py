@@ -38,9 +38,8 @@ import optuna
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-import autofuse
 from autofuse.db import DEFAULT_URL, PlanDB
-from autofuse.job import ALIVE, fail_orphaned_trials, stored_best_plan
+from autofuse.job import ALIVE, fail_orphaned_trials, store_result, stored_best_plan
 from autofuse.measure import TimingConfig
 from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
@@ -139,8 +138,6 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
     reg = register_model(w, cfg.db_url)
     db = PlanDB(cfg.db_url)
     db.put_target(target.spec, host)
-    import tvm
-
     study_name = f"{w.name}@{target.kind}-{w.hash[:8]}#regions"
     storage = open_storage(cfg.db_url)
     states = [_region_state(cfg, storage, db, target, host, h, rw, rs.count(h), i)
@@ -184,21 +181,10 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
                                              "target": target.spec_json, "timing": timing},
                                     plan.hash, cfg.candidate_timeout_s)
             ok = res["status"] == OK
-            trial.set_user_attr("plan_hash", plan.hash)
-            trial.set_user_attr("status", res["status"])
-            if res.get("error"):
-                trial.set_user_attr("error", res["error"][:1000])
-            if res.get("repeat"):  # measured before in this region's study: nothing new to store
-                trial.set_user_attr("repeat", True)
-            else:
-                trial.set_user_attr("seconds", round(res["seconds"], 3))
-                plan_id = db.put_plan(st.w.hash, target.spec, host, plan.hash, plan.to_json(), label)
-                db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"),
-                                   max_ms=res.get("max_ms"), std_ms=res.get("std_ms"),
-                                   repeats=res.get("repeats") or 0, correct=ok,
-                                   max_rel_err=_finite(res.get("max_rel_err")), error=res.get("error"), kind="trial",
-                                   tvm_version=tvm.__version__, autofuse_version=autofuse.__version__,
-                                   study=study_name, trial_number=done)
+            CandidateLog.mark(trial, plan.hash, res)
+            if not res.get("repeat"):  # a repeat was measured before in this region's study: nothing new to store
+                store_result(db, st.w.hash, target, host, plan, label, res, kind="trial", study=study_name,
+                             trial_number=done)
             if ok:
                 st.study.tell(trial, float(res["median_ms"]))
                 if st.best_ms is None or res["median_ms"] < st.best_ms:
@@ -236,13 +222,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
         for label, plan in (("default", w.reference_plan("default")), ("stitched", stitched)):
             res = runner.run({"space": cfg.model, "plan": plan.to_json(), "target": target.spec_json,
                               "timing": asdict(cfg.final_timing)})
-            ok = res["status"] == OK
-            plan_id = db.put_plan(w.hash, target.spec, host, plan.hash, plan.to_json(), label)
-            db.add_measurement(plan_id, median_ms=res.get("median_ms"), min_ms=res.get("min_ms"),
-                               max_ms=res.get("max_ms"), std_ms=res.get("std_ms"), repeats=res.get("repeats") or 0,
-                               correct=ok, max_rel_err=_finite(res.get("max_rel_err")), error=res.get("error"),
-                               kind="final", tvm_version=tvm.__version__, autofuse_version=autofuse.__version__,
-                               study=study_name)
+            store_result(db, w.hash, target, host, plan, label, res, kind="final", study=study_name)
             final[label] = {"plan_hash": plan.hash, "groups": len(plan.groups), "status": res["status"],
                             "median_ms": res.get("median_ms"), "max_rel_err": res.get("max_rel_err"),
                             "error": res.get("error")}
@@ -320,6 +300,3 @@ def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db
 def _waiting(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
 
-
-def _finite(x: Any) -> float | None:
-    return None if x is None or x != x or x in (float("inf"), float("-inf")) else float(x)

@@ -337,6 +337,19 @@ class CandidateLog:
             log.record(h, res, t.user_attrs.get("seconds"))
         return log
 
+    @staticmethod
+    def mark(trial: Any, plan_hash: str, res: dict[str, Any]) -> None:
+        """Write on ``trial`` what ``from_trials`` reads back: the plan, how it ended, its
+        error, and either that it was a repeat or how long it took."""
+        trial.set_user_attr("plan_hash", plan_hash)
+        trial.set_user_attr("status", res["status"])
+        if res.get("error"):
+            trial.set_user_attr("error", res["error"][:1000])
+        if res.get("repeat"):
+            trial.set_user_attr("repeat", True)
+        else:
+            trial.set_user_attr("seconds", round(res["seconds"], 3))
+
     def known(self, plan_hash: str) -> dict[str, Any] | None:
         """The earlier result of this plan, marked as a repeat; None for a new plan."""
         res = self.results.get(plan_hash)
