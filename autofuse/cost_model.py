@@ -98,3 +98,16 @@ def prescreen(model: CostModel | None, params: dict[str, Any], best_ms: float | 
         return None
     predicted = float(model.predict_ms([params])[0])
     return predicted if predicted >= PRESCREEN_FACTOR * best_ms else None
+
+
+def mark_prescreened(trial: Any, plan_json: str, predicted_ms: float, best_ms: float) -> str:
+    """Record on an Optuna trial that the cost model kept its plan from being built (the same
+    attributes in tuning jobs and model regions, so `trials` and `leaderboard` show why);
+    returns the reason."""
+    why = (f"not measured: the cost model predicts {predicted_ms:.4g} ms, over "
+           f"{PRESCREEN_FACTOR:g}x the best {best_ms:.4g} ms")
+    trial.set_user_attr("plan", plan_json)
+    trial.set_user_attr("status", "prescreened")
+    trial.set_user_attr("predicted_ms", round(predicted_ms, 6))
+    trial.set_user_attr("error", why)
+    return why

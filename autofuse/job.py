@@ -28,7 +28,7 @@ import autofuse
 from autofuse.db import DEFAULT_URL, PlanDB
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
-from autofuse.cost_model import PRESCREEN_FACTOR, prescreen
+from autofuse.cost_model import mark_prescreened, prescreen
 from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
@@ -160,12 +160,7 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
             model = None if mutation is None else mutation.model_for(study)
             predicted = prescreen(model, trial.params, candidates.best_ms)
             if predicted is not None:
-                why = (f"not measured: the cost model predicts {predicted:.4g} ms, over "
-                       f"{PRESCREEN_FACTOR:g}x the best {candidates.best_ms:.4g} ms")
-                trial.set_user_attr("plan", plan.to_json())
-                trial.set_user_attr("status", "prescreened")
-                trial.set_user_attr("predicted_ms", round(predicted, 6))
-                trial.set_user_attr("error", why)
+                why = mark_prescreened(trial, plan.to_json(), predicted, candidates.best_ms)
                 timers.suggest += time.perf_counter() - t0
                 log.info("trial %d [%s] prescreened plan %s groups=%d %s", trial.number, label, plan.hash,
                          len(plan.groups), why)

@@ -44,7 +44,7 @@ from autofuse.measure import TimingConfig
 from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
 from autofuse.regions import model_regions, stitch, structure
-from autofuse.cost_model import prescreen
+from autofuse.cost_model import mark_prescreened, prescreen
 from autofuse.runner import OK, CandidateLog, IsolatedRunner
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
@@ -170,8 +170,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
             predicted = None if label != "tuned" or mutation is None else \
                 prescreen(mutation.model_for(st.study), trial.params, st.candidates.best_ms)
             if predicted is not None:  # the cost model expects it far slower than the region's best: not built
-                trial.set_user_attr("status", "prescreened")
-                trial.set_user_attr("predicted_ms", round(predicted, 6))
+                mark_prescreened(trial, plan.to_json(), predicted, st.candidates.best_ms)
                 st.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 st.trials += 1
                 done += 1

@@ -87,7 +87,6 @@ def test_a_job_prunes_sampler_plans_the_model_expects_far_slower(tmp_path, monke
 
     monkeypatch.setattr(cost_model, "MIN_TRIALS", 6)
     monkeypatch.setattr(cost_model, "REFIT_EVERY", 2)
-    monkeypatch.setattr("autofuse.job.PRESCREEN_FACTOR", 1.0)
     monkeypatch.setattr("autofuse.cost_model.PRESCREEN_FACTOR", 1.0)
     quick = TimingConfig(repeats=2, min_repeat_ms=1, warmup=1)
     cfg = JobConfig(space="ew_chain", tiny=True, db_url=f"sqlite:///{tmp_path}/t.db", seed=0, trials=30,
