@@ -175,6 +175,43 @@ def _vm_runnable(name: str, ex: Any, w: Workload, fold: bool, target: Target, no
     return _Runnable(Column(name, note=note), timer, lambda: session(args))
 
 
+PROGRESS_EVERY_S = 60.0  # a tuning phase's progress line at most this often
+
+
+class _Ticker:
+    """A progress line at most once a minute during a long tuning phase: how far into the
+    budget, and what the tuner has found so far."""
+
+    def __init__(self, progress: Callable[[str], None], label: str, budget_s: float):
+        self.progress, self.label, self.budget_s, self.every_s = progress, label, budget_s, PROGRESS_EVERY_S
+        self.t0 = self.last = time.time()
+
+    def __call__(self, found: str) -> None:
+        now = time.time()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self.progress(f"{self.label}: {_mmss(now - self.t0)} of {_mmss(self.budget_s)}, {found}")
+
+    def study_update(self, study: Any) -> None:
+        """For a tuning job's per-trial callback (an Optuna study)."""
+        if time.time() - self.last < self.every_s:
+            return
+        done = study.get_trials(deepcopy=False)
+        ok = [t.value for t in done if t.value is not None]
+        self(f"{len(done)} trials, best {min(ok):.4f} ms" if ok else f"{len(done)} trials, none verified yet")
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
+    """``run_job``'s progress factory: a context manager yielding the per-trial update."""
+    from contextlib import nullcontext
+
+    return lambda _cfg, _before: nullcontext(ticker.study_update)
+
+
 def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
                    seed: int, include: tuple[str, ...], compare_random: bool = False) -> tuple[list[_Runnable], dict[str, Any]]:
     import tvm
@@ -245,8 +282,12 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
     def autofuse_model_col() -> _Runnable:
         """A whole model: regions tuned within the budget, their best plans stitched."""
         from autofuse.model_job import ModelTuneConfig, tune_model
+        ticker = _Ticker(progress, f"{w.space.name}: autofuse", budget_s)
         result = tune_model(ModelTuneConfig(model=spec, timeout_s=budget_s,
-                                            db_url=db_url, seed=seed, candidate_timeout_s=candidate_timeout))
+                                            db_url=db_url, seed=seed, candidate_timeout_s=candidate_timeout),
+                            progress=lambda i: ticker(
+                                f"{i['trial']} region trials, {i['regions_untried']} regions untried, model estimate "
+                                + ("-" if i["model_estimate_ms"] is None else f"{i['model_estimate_ms']:.4f} ms")))
         extra["autofuse_model_job"] = {k: v for k, v in result.items() if k not in ("regions_detail", "curve")}
         extra["autofuse_curve"] = result["curve"]  # sum over regions of instances x best time
         return best_plan_runnable(f"{result['trials']} region trials")
@@ -259,21 +300,23 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
         cfg = JobConfig(space=w.space.name, target=target.spec_json, tiny=w.tiny, trials=None, timeout_s=budget_s,
                         db_url=db_url, study=f"bench-{w.space.name}-{int(time.time())}", seed=seed,
                         candidate_timeout_s=candidate_timeout, progress=False, log_dir=str(out_dir), final_rounds=2)
-        result = run_job(cfg)
+        result = run_job(cfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: autofuse", budget_s)))
         extra["autofuse_job"] = result.as_dict()
         extra["autofuse_curve"] = _autofuse_curve(db_url, result.study)
         runnable = best_plan_runnable(f"{result.trials_this_job} trials")  # before random search adds plans
         if compare_random:  # the same budget with random sampling: is the guided search earning its keep?
             rcfg = JobConfig(**{**cfg.__dict__, "study": cfg.study + "-random", "sampler": "random", "top_k": 1, "warm_start": False,
                                 "final_rounds": 1})
-            rres = run_job(rcfg)
+            rres = run_job(rcfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: random search", budget_s)))
             extra["random_curve"] = _autofuse_curve(db_url, rres.study)
             extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best}
         return runnable
 
     def metaschedule_col() -> _Runnable:
         work = out_dir / f"ms-{w.space.name}"
-        curve, info = metaschedule.tune(spec, w.tiny, target, budget_s, work, seed=seed)
+        ticker = _Ticker(progress, f"{w.space.name}: tvm-metaschedule", budget_s)
+        curve, info = metaschedule.tune(spec, w.tiny, target, budget_s, work, seed=seed, on_poll=lambda n, est: ticker(
+            f"{n} records, " + ("not every kernel tuned yet" if est is None else f"sum of kernel bests {est:.4f} ms")))
         extra["metaschedule_curve"] = curve
         extra["metaschedule"] = info
         mod, tuned, total = metaschedule.apply_best(w.graph(True).mod, target, work)

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import tvm
 from tvm import relax
@@ -64,12 +64,14 @@ def _tune_child(space: str, tiny: bool, target_json: str, work_dir: str, seed: i
 
 
 def tune(space: str, tiny: bool, target: Target, budget_s: float, work_dir: Path, seed: int = 0,
-         poll_s: float = 5.0) -> tuple[list[tuple[float, float]], dict[str, Any]]:
+         poll_s: float = 5.0, on_poll: Callable[[int, float | None], None] | None = None,
+         ) -> tuple[list[tuple[float, float]], dict[str, Any]]:
     """Run MetaSchedule for ``budget_s`` wall seconds; returns (curve, info).
 
     ``curve``: (seconds since start, sum over tasks of the best per-task time so far, ms),
     from the moment every task has a record -- an estimate from MetaSchedule's own
-    records, used for the search-efficiency chart.
+    records, used for the search-efficiency chart.  ``on_poll(records, estimate_ms)`` is
+    called at every poll (progress for the user).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
@@ -82,6 +84,8 @@ def tune(space: str, tiny: bool, target: Target, budget_s: float, work_dir: Path
         est = _estimate_ms(work_dir)
         if est is not None:
             curve.append((time.time() - t0, est))
+        if on_poll is not None:
+            on_poll(_count_records(work_dir), est)
     if proc.is_alive():
         _kill_tree(proc.pid)
     proc.join(10)

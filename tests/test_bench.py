@@ -70,3 +70,20 @@ def test_bench_append_adds_spaces_to_the_report_and_refuses_another_budget(tmp_p
     r = cli("bench", "ew_chain", "--budget", "4s", "--append", *common, timeout=600)
     assert r.returncode == 2 and "3 s budget" in r.stderr and "Traceback" not in r.stderr
     assert (out / "bench.json").read_text() == before
+
+
+def test_bench_reports_progress_while_each_tuner_runs(tmp_path, monkeypatch):
+    """A 10-minute tuning phase is not silent: both tuners say how far into the budget they
+    are and what they have found (here every poll/trial, instead of once a minute)."""
+    from autofuse import bench
+    from autofuse.target import parse_target
+
+    monkeypatch.setattr(bench, "PROGRESS_EVERY_S", 0.0)
+    lines: list[str] = []
+    bench.run_bench(["ew_chain"], parse_target("llvm"), 4.0, tmp_path / "b", tiny=True, rounds=1, repeats=1,
+                    min_repeat_ms=1, include=("numpy", "autofuse", "tvm-metaschedule"), progress=lines.append)
+    ours = [l for l in lines if l.startswith("ew_chain: autofuse: ")]
+    assert ours and "of 0:04" in ours[0] and "trials" in ours[-1], lines
+    assert any(" best " in l and l.endswith(" ms") for l in ours), ours
+    theirs = [l for l in lines if l.startswith("ew_chain: tvm-metaschedule: ")]
+    assert theirs and all("records" in l for l in theirs), lines
