@@ -15,6 +15,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir
 
+from autofuse import fast_math as af_fast_math
 from autofuse.graph import Graph
 from autofuse.partition import Partition, canonical, violations
 from autofuse.plan import Plan, PlanError
@@ -226,10 +227,11 @@ def schedule_module(graph: Graph, plan: Plan, target: Target) -> tvm.IRModule:
     return sch.mod
 
 
-def compile_module(mod: tvm.IRModule, target: Target) -> tvm.runtime.Executable:
-    """tvm.compile, with TVM's failures turned into BuildError."""
+def compile_module(mod: tvm.IRModule, target: Target, fast_math: bool = False) -> tvm.runtime.Executable:
+    """tvm.compile, with TVM's failures turned into BuildError (``fast_math``: the plan's flag)."""
     try:
-        ex = tvm.compile(mod, target.tvm())
+        with af_fast_math.enabled(fast_math):
+            ex = tvm.compile(mod, target.tvm())
     except Exception as e:
         raise BuildError(f"TVM build failed: {_last_line(e)}") from None
     if target.kind == "cuda" and not any(m.kind == "cuda" for m in _imports(ex)):
@@ -239,7 +241,7 @@ def compile_module(mod: tvm.IRModule, target: Target) -> tvm.runtime.Executable:
 
 def build(graph: Graph, plan: Plan, target: Target) -> tvm.runtime.Executable:
     """Plan -> scheduled module -> executable (a Relax VM executable)."""
-    return compile_module(schedule_module(graph, plan, target), target)
+    return compile_module(schedule_module(graph, plan, target), target, plan.fast_math)
 
 
 def _imports(ex: Any) -> list:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import tvm
@@ -89,6 +90,13 @@ class Graph:
                 if a in out and op.name not in out[a]:
                     out[a].append(op.name)
         return out
+
+    @cached_property
+    def uses_transcendentals(self) -> bool:
+        """Whether some op calls exp/tanh/sigmoid/erf: only then can a plan's ``fast_math`` matter."""
+        from autofuse.fast_math import uses_transcendentals
+
+        return uses_transcendentals([self.mod[f] for f in dict.fromkeys(op.func for op in self.ops)])
 
     def describe(self) -> list[dict[str, Any]]:
         return [

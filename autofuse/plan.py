@@ -24,6 +24,8 @@ class Plan:
 
     ``fold_params``: parameters bound as constants and parameter-only ops folded.
     ``workload``: structural hash of the graph the plan was made for ("" = any).
+    ``fast_math``: exp/tanh/sigmoid/erf as vectorizable polynomials (``autofuse.fast_math``);
+    in the JSON only when on, so plans from before the flag keep their hashes.
     """
 
     groups: tuple[tuple[str, ...], ...]
@@ -31,6 +33,7 @@ class Plan:
     fold_params: bool = True
     workload: str = ""
     label: str = field(default="", compare=False)
+    fast_math: bool = False
 
     def __post_init__(self) -> None:
         if len(self.groups) != len(self.schedules):
@@ -42,6 +45,7 @@ class Plan:
             "workload": self.workload,
             "fold_params": self.fold_params,
             "groups": [{"ops": list(g), "schedule": _plain(s)} for g, s in zip(self.groups, self.schedules)],
+            **({"fast_math": True} if self.fast_math else {}),
         }
 
     def to_json(self) -> str:
@@ -59,7 +63,7 @@ class Plan:
         version = d.get("version")
         if version != PLAN_VERSION:
             raise PlanError(f"plan version {version!r} is not supported (this autofuse reads version {PLAN_VERSION})")
-        unknown = set(d) - {"version", "workload", "fold_params", "groups"}
+        unknown = set(d) - {"version", "workload", "fold_params", "groups", "fast_math"}
         if unknown:
             raise PlanError(f"plan has unknown field(s) {sorted(unknown)}")
         groups_in = d.get("groups")
@@ -82,7 +86,10 @@ class Plan:
         workload = d.get("workload", "")
         if not isinstance(workload, str):
             raise PlanError("plan 'workload' must be a string")
-        return cls(tuple(groups), tuple(schedules), fold, workload, label)
+        fast = d.get("fast_math", False)
+        if not isinstance(fast, bool):
+            raise PlanError("plan 'fast_math' must be true or false")
+        return cls(tuple(groups), tuple(schedules), fold, workload, label, fast)
 
     @classmethod
     def from_json(cls, text: str, label: str = "") -> Plan:

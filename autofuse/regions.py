@@ -209,7 +209,9 @@ def region_workload(model: Workload, h: str) -> Workload:
 
 def stitch(rs: RegionSet, plans: dict[str, Plan], label: str = "stitched") -> Plan:
     """One plan for the whole model (parameters folded): every instance gets its region's plan
-    (a region without one gets its default plan), op names mapped by position."""
+    (a region without one gets its default plan), op names mapped by position.  The model
+    compiles as one unit, so ``fast_math`` is on when any region's plan has it (the stitched
+    plan is measured and checked as a whole afterwards)."""
     g = rs.model.graph(True)
     groups: list[tuple[str, ...]] = []
     schedules: list[dict[str, Any]] = []
@@ -221,4 +223,5 @@ def stitch(rs: RegionSet, plans: dict[str, Plan], label: str = "stitched") -> Pl
         for grp, sched in zip(plan.groups, plan.schedules):
             groups.append(tuple(g.ops[inst.ops[pos[o]]].name for o in grp))
             schedules.append(dict(sched))
-    return Plan(tuple(groups), tuple(schedules), True, rs.model.hash, label)
+    fast = any(p.fast_math for p in plans.values())
+    return Plan(tuple(groups), tuple(schedules), True, rs.model.hash, label, fast)

@@ -36,7 +36,8 @@ def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *,
     w.check_plan(plan)
     t0 = time.perf_counter()
     if corrupt:
-        ex = compile_module(_corrupt_output_kernel(schedule_module(w.graph(plan.fold_params), plan, target)), target)
+        ex = compile_module(_corrupt_output_kernel(schedule_module(w.graph(plan.fold_params), plan, target)), target,
+                            plan.fast_math)
     else:
         ex = build(w.graph(plan.fold_params), plan, target)
     build_s = time.perf_counter() - t0

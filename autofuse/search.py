@@ -74,6 +74,7 @@ class PlanSpace:
         """Sample a plan; returns it with the list of fuse decisions the repair had to cut."""
         fold = _pick(trial, "fold_params", [True, False])
         g = self.workload.graph(fold)
+        fast = _pick(trial, "fast_math", [False, True]) if g.uses_transcendentals else False
         dag = g.dag()
         choices = [_pick(trial, decision_param(g, fold, d), [False, True]) for d in decisions(dag)]
         part, repairs = partition_from_choices(dag, choices)
@@ -81,7 +82,7 @@ class PlanSpace:
         for group in part:
             a, _, space = self._group_space(g, group)
             schedules.append({k: _pick(trial, knob_param(g, fold, a, k), values) for k, values in space.items()})
-        return self.workload.partition_plan(part, fold, "tuned", schedules), repairs
+        return self.workload.partition_plan(part, fold, "tuned", schedules, fast), repairs
 
     def params_of(self, plan: Plan) -> dict[str, Any]:
         """Trial params that make ``suggest`` return ``plan`` (to enqueue reference plans)."""
@@ -91,6 +92,8 @@ class PlanSpace:
         idx = g.index()
         part = tuple(tuple(sorted(idx[o] for o in grp)) for grp in plan.groups)
         params: dict[str, Any] = {"fold_params": fold}
+        if g.uses_transcendentals:
+            params["fast_math"] = plan.fast_math
         for d, c in zip(decisions(dag), choices_for(dag, part)):
             params[decision_param(g, fold, d)] = c
         for group, sched in zip(part, plan.schedules):
@@ -131,7 +134,7 @@ class PlanSpace:
                         kept[k] = max(fits)
             schedules.append(kept)
         try:
-            return self.params_of(self.workload.partition_plan(groups, fold, "similar", schedules))
+            return self.params_of(self.workload.partition_plan(groups, fold, "similar", schedules, plan.fast_math))
         except PlanError:
             return None
 
@@ -156,6 +159,9 @@ class PlanSpace:
                 seeds.append((self.params_of(plan), f"seed:{name}"))
             except PlanError:
                 continue
+        if g.uses_transcendentals:  # libm's exp/tanh/erf are scalar calls: the approximations vectorize
+            seeds.append((self.params_of(w.partition_plan(part, True, "seed:fast_math", fast_math=True)),
+                          "seed:fast_math"))
         known = [self.params_of(w.reference_plan(label)) for label in REFERENCE_PLANS]
         unique = []
         for params, label in seeds:  # a template that changes nothing here is not measured twice

@@ -48,11 +48,12 @@ class Workload:
         return json.dumps(self.graph(False).to_json(), sort_keys=True)
 
     # -- plans -------------------------------------------------------------
-    def partition_plan(self, part: Partition, fold: bool = True, label: str = "", schedules=None) -> Plan:
+    def partition_plan(self, part: Partition, fold: bool = True, label: str = "", schedules=None,
+                       fast_math: bool = False) -> Plan:
         g = self.graph(fold)
         groups = tuple(tuple(g.ops[i].name for i in grp) for grp in part)
         scheds = tuple(schedules) if schedules is not None else tuple({} for _ in part)
-        return Plan(groups, scheds, fold, self.hash, label)
+        return Plan(groups, scheds, fold, self.hash, label, fast_math)
 
     def reference_plan(self, label: str, fold: bool = True) -> Plan:
         """``unfused`` (one op per kernel) or ``default`` (TVM FuseOps), default schedules."""
