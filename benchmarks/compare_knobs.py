@@ -9,6 +9,8 @@ checked against the reference first.  ``--kind`` picks the groups the overrides 
 ``conv`` (anchor with 4+ spatial loops and a reduction), ``gemm`` (2-3 spatial loops and a
 reduction) or ``all``.  With ``--old-default``, the variant "old-default" is the
 convolution schedule autofuse used before rows-first (results/NOTES.md section 9).
+With ``--fast-math``, every variant is also measured with the plan's ``fast_math`` on
+(results/NOTES.md section 14).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> None:
     ap.add_argument("variants", nargs="?", default="{}", help="JSON: name -> knob overrides for the chosen groups")
     ap.add_argument("--kind", choices=("conv", "gemm", "all"), default="conv")
     ap.add_argument("--old-default", action="store_true")
+    ap.add_argument("--fast-math", action="store_true", help="also each variant with fast_math on")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_intermixed_args()
     variants = {"default": {}, **json.loads(args.variants)}
@@ -58,6 +61,8 @@ def main() -> None:
         d = json.loads(base.to_json())
         d["groups"] = [{"ops": [g.ops[i].name for i in group], "schedule": s} for group, s in zip(groups, schedules)]
         plans[name] = Plan.from_json(json.dumps(d))
+        if args.fast_math:
+            plans[f"{name}+fast"] = Plan.from_json(json.dumps({**d, "fast_math": True}))
     target = parse_target("llvm")
     cfg = TimingConfig(repeats=10, min_repeat_ms=50, warmup=2)
     times: dict[str, list[float]] = {n: [] for n in plans}
