@@ -293,3 +293,29 @@ def test_model_tune_with_alike_regions_runs_end_to_end(tmp_path):
     res = tune_model(ModelTuneConfig(spec, db_url=f"sqlite:///{tmp_path / 'a.db'}", trials=14, timing=QUICK,
                                      final_timing=QUICK))
     assert res["trials"] == 14 and res["final"]["stitched"]["status"] == "ok", res["final"]
+
+
+def test_bench_of_a_model_file_tunes_its_regions_and_checks_every_column(tmp_path):
+    """`autofuse bench model.onnx`: the whole model against its peers, each column checked
+    against onnxruntime; the report counts the trials of all regions."""
+    import json
+
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w1")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Softmax", ["h"], ["s"], axis=-1),
+             helper.make_node("Relu", ["s"], ["y"])]
+    p = _helper_model(tmp_path / "softmax.onnx", nodes, [x], y, [w1])
+    out = tmp_path / "bench"
+    r = cli("bench", str(p), "--budget", "6s", "--columns", "unfused,tvm-default,onnxruntime,autofuse", "--rounds", "1",
+            "--repeats", "1", "--min-repeat-ms", "1", "-o", str(out), "--json", timeout=600)
+    assert r.returncode == 0, r.stderr
+    (space,) = json.loads(r.stdout)["spaces"]
+    assert set(space["columns"]) == {"unfused", "tvm-default", "onnxruntime", "autofuse"}
+    for name, col in space["columns"].items():
+        assert col["correct"] is True and col["median_ms"] > 0, (name, col)
+    trials = space["autofuse_model_job"]["trials"]
+    assert trials > 0 and f"{trials} (all regions)" in (out / "bench.md").read_text()
