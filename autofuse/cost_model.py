@@ -29,6 +29,7 @@ import optuna
 MIN_TRIALS = 20  # completed trials before the model is fit at all
 REFIT_EVERY = 8  # completed trials between refits
 PRESCREEN_FACTOR = 8.0
+TIMEOUT_PENALTY = 10.0  # a timed-out candidate is learned as this many times the slowest completed one
 _LOG_SCALE = re.compile(r":(t\d+|r\d+|unroll|reduce_vector)$")
 
 
@@ -71,15 +72,22 @@ class CostModel:
         return x
 
     def update(self, trials: list[optuna.trial.FrozenTrial]) -> bool:
-        """Refit on the completed trials when enough new ones arrived; True if the model is usable."""
+        """Refit on the completed trials when enough new ones arrived; True if the model is usable.
+
+        Candidates killed at the time limit are learned too, as ``TIMEOUT_PENALTY`` times the
+        slowest completed plan (Ansor and MetaSchedule record failures as very slow): the
+        sampler does not learn from failed trials and keeps suggesting their neighbours, each
+        costing a full time limit, unless the pre-screen has learned to skip them."""
         done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value and t.value > 0]
         if len(done) < MIN_TRIALS or (self.ready and len(done) - self._fitted_on < REFIT_EVERY):
             return self.ready
         import xgboost as xgb
 
-        self.names = sorted({n for t in done for n in t.params})
-        x = self.encode([t.params for t in done])
-        y = np.log([t.value for t in done])
+        killed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("status") == "timeout"]
+        penalty = TIMEOUT_PENALTY * max(t.value for t in done)
+        self.names = sorted({n for t in done + killed for n in t.params})
+        x = self.encode([t.params for t in done + killed])
+        y = np.log([t.value for t in done] + [penalty] * len(killed))
         params = {"max_depth": 4, "eta": 0.1, "subsample": 0.9, "nthread": 1, "seed": self.seed, "verbosity": 0}
         self._booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=150)
         self._fitted_on = len(done)

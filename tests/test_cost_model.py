@@ -42,6 +42,32 @@ def test_fit_needs_enough_trials_then_ranks_plans():
     assert prescreen(None, slow, best_ms=1.0) is None and prescreen(model, slow, best_ms=None) is None
 
 
+def test_timed_out_candidates_are_learned_as_very_slow():
+    """A region of the space whose candidates hit the time limit (failed trials, which the
+    sampler ignores) is predicted slow enough to be pre-screened; without them it is not."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+
+    def objective(trial):
+        t = trial.suggest_categorical("F:op:t0", TILES)
+        wide = trial.suggest_categorical("F:fuse:a>b", [False, True])
+        if wide:  # every plan that fuses a and b hangs in the build
+            trial.set_user_attr("status", "timeout")
+            raise RuntimeError("candidate timed out")
+        trial.set_user_attr("status", "ok")
+        return 64.0 / t
+
+    study.optimize(objective, n_trials=60, catch=(RuntimeError,))
+    hang = {"F:op:t0": 64, "F:fuse:a>b": True}
+    best = min(t.value for t in study.trials if t.value is not None)
+    model = CostModel()
+    assert model.update(study.trials)
+    assert prescreen(model, hang, best_ms=best) is not None
+    assert model.predict_ms([hang])[0] > 8 * model.predict_ms([{"F:op:t0": 64, "F:fuse:a>b": False}])[0]
+    complete_only = CostModel()
+    complete_only.update([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
+    assert prescreen(complete_only, hang, best_ms=best) is None  # nothing to learn it from
+
+
 def test_refit_waits_for_new_trials():
     study = _toy_study(n=cost_model.MIN_TRIALS + cost_model.REFIT_EVERY)
     model = CostModel()

@@ -45,9 +45,7 @@ def _helper_model(path: Path, nodes, inputs, output, inits=()):
 
 
 def test_split_concat_and_pooling_ops_import(tmp_path):
-    """Tuple outputs (Split) and a few ops the three models lack: Split, Sigmoid, Tanh, HardSigmoid, AveragePool, ReduceMean.
-
-    (Clip with scalar min/max initializers does not build yet: FuseTIR rejects the 0-d constant parameter.)"""
+    """Tuple outputs (Split) and a few ops the three models lack: Split, Sigmoid, Tanh, HardSigmoid, AveragePool, ReduceMean."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 1])
     nodes = [
@@ -319,3 +317,24 @@ def test_bench_of_a_model_file_tunes_its_regions_and_checks_every_column(tmp_pat
         assert col["correct"] is True and col["median_ms"] > 0, (name, col)
     trials = space["autofuse_model_job"]["trials"]
     assert trials > 0 and f"{trials} (all regions)" in (out / "bench.md").read_text()
+
+
+def test_gelu_op_imports_and_is_correct_with_and_without_fast_math(tmp_path):
+    """ONNX Gelu (opset 20, erf form) after a MatMul: the default plan and the same plan with
+    ``fast_math`` (erf as a polynomial) both match onnxruntime."""
+    from dataclasses import replace
+
+    from onnx import numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])
+    w1 = numpy_helper.from_array(np.random.default_rng(1).standard_normal((16, 32)).astype(np.float32), "w1")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Gelu", ["h"], ["y"])]
+    g = helper.make_graph(nodes, "g", [x], [y], initializer=[w1])
+    p = tmp_path / "gelu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), str(p))
+    w = get_workload(model_spec(p))
+    assert w.graph(True).uses_transcendentals
+    for plan in (w.reference_plan("default"), replace(w.reference_plan("default"), fast_math=True)):
+        res = evaluate_plan(w, plan, LLVM, QUICK)
+        assert res["status"] == "ok" and res["correct"], (plan.fast_math, res)
