@@ -593,11 +593,11 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
         row += [cell(r, c, markdown=True) for c in cols]
         row.append(f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "")
         row.append(f"{r['autofuse_over_roofline']:.2f}x" if r.get("autofuse_over_roofline") else "")
-        job = r.get("autofuse_job") or {}
-        trials = job.get("trials_this_job", "")
         if "autofuse_model_job" in r:  # a whole model: trials over all its regions
             row.append(f"{r['autofuse_model_job'].get('trials', '')} (all regions)")
         else:
+            job = r.get("autofuse_job") or {}
+            trials = job.get("trials_this_job", "")
             row.append(f"{trials} ({job['measured']} built)" if job.get("measured") is not None and trials != "" else str(trials))
         at = r.get("autofuse_95pct_at_s")
         row.append(f"{at:.0f} s" if at is not None else "")

@@ -35,8 +35,10 @@ def _active() -> bool:
 
 @contextmanager
 def enabled(on: bool) -> Iterator[None]:
-    """Compile with fast math when ``on`` (this thread only)."""
-    _register()
+    """Compile with fast math when ``on`` (this thread only).  The rules are registered on
+    first use, so a process that never asks for fast math keeps TVM's own lowering."""
+    if on:
+        _register()
     before = _active()
     _state.on = on
     try:
@@ -46,7 +48,8 @@ def enabled(on: bool) -> Iterator[None]:
 
 
 def uses_transcendentals(funcs: list[tirx.PrimFunc]) -> bool:
-    """Whether any kernel calls exp/tanh/sigmoid/erf (else ``fast_math`` changes nothing)."""
+    """Whether any kernel calls exp/tanh/sigmoid/erf (else ``fast_math`` changes nothing).
+    Read from the printed TIR: TVM 0.27 has no Python visitor for TIR expressions."""
     return any(any(call in f.script() for call in TRANSCENDENTAL_CALLS) for f in funcs)
 
 

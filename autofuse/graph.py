@@ -20,6 +20,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir.expr import Constant
 
+from autofuse.fast_math import uses_transcendentals
 from autofuse.partition import Dag, Kind, Partition
 from autofuse.space import Space, SpaceError, Tensor
 
@@ -94,8 +95,6 @@ class Graph:
     @cached_property
     def uses_transcendentals(self) -> bool:
         """Whether some op calls exp/tanh/sigmoid/erf: only then can a plan's ``fast_math`` matter."""
-        from autofuse.fast_math import uses_transcendentals
-
         return uses_transcendentals([self.mod[f] for f in dict.fromkeys(op.func for op in self.ops)])
 
     def describe(self) -> list[dict[str, Any]]:
