@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import optuna
 
-MIN_TRIALS = 20  # completed trials before the model is fit at all
-REFIT_EVERY = 8  # completed trials between refits
+MIN_TRIALS = 20  # measured trials (completed or timed out) before the model is fit at all
+MIN_COMPLETED = 5  # of which completed: the scale that timeouts are learned against
+REFIT_EVERY = 8  # new measured trials between refits (a new timeout refits at once)
 PRESCREEN_FACTOR = 8.0
 TIMEOUT_PENALTY = 10.0  # a timed-out candidate is learned as this many times the slowest completed one
 _LOG_SCALE = re.compile(r":(t\d+|r\d+|unroll|reduce_vector)$")
@@ -56,7 +57,8 @@ class CostModel:
         self.seed = seed
         self.names: list[str] = []
         self._booster: Any = None
-        self._fitted_on = 0
+        self._fitted_on = 0  # trials (completed + timed out) in the last fit
+        self._killed_on = 0  # timed-out trials in the last fit
 
     @property
     def ready(self) -> bool:
@@ -72,25 +74,30 @@ class CostModel:
         return x
 
     def update(self, trials: list[optuna.trial.FrozenTrial]) -> bool:
-        """Refit on the completed trials when enough new ones arrived; True if the model is usable.
+        """Refit when enough new trials arrived; True if the model is usable.
 
         Candidates killed at the time limit are learned too, as ``TIMEOUT_PENALTY`` times the
         slowest completed plan (Ansor and MetaSchedule record failures as very slow): the
         sampler does not learn from failed trials and keeps suggesting their neighbours, each
-        costing a full time limit, unless the pre-screen has learned to skip them."""
+        costing a full time limit, unless the pre-screen has learned to skip them. So a
+        timeout counts toward the first fit, and each new one refits at once: a refit costs
+        milliseconds, another timeout costs the whole limit."""
         done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value and t.value > 0]
-        if len(done) < MIN_TRIALS or (self.ready and len(done) - self._fitted_on < REFIT_EVERY):
+        killed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("status") == "timeout"]
+        seen = len(done) + len(killed)
+        if len(done) < MIN_COMPLETED or seen < MIN_TRIALS:
             return self.ready
+        if self.ready and seen - self._fitted_on < REFIT_EVERY and len(killed) == self._killed_on:
+            return True
         import xgboost as xgb
 
-        killed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("status") == "timeout"]
         penalty = TIMEOUT_PENALTY * max(t.value for t in done)
         self.names = sorted({n for t in done + killed for n in t.params})
         x = self.encode([t.params for t in done + killed])
         y = np.log([t.value for t in done] + [penalty] * len(killed))
         params = {"max_depth": 4, "eta": 0.1, "subsample": 0.9, "nthread": 1, "seed": self.seed, "verbosity": 0}
         self._booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=150)
-        self._fitted_on = len(done)
+        self._fitted_on, self._killed_on = seen, len(killed)
         return True
 
     def predict_ms(self, params_list: list[dict[str, Any]]) -> np.ndarray:

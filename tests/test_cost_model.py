@@ -68,6 +68,44 @@ def test_timed_out_candidates_are_learned_as_very_slow():
     assert prescreen(complete_only, hang, best_ms=best) is None  # nothing to learn it from
 
 
+def _hanging_study(n: int, seed: int = 0):
+    """A study where every plan that fuses a and b times out (a failed trial the sampler ignores)."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+
+    def objective(trial):
+        t = trial.suggest_categorical("F:op:t0", TILES)
+        if trial.suggest_categorical("F:fuse:a>b", [False, True]):
+            trial.set_user_attr("status", "timeout")
+            raise RuntimeError("candidate timed out")
+        return 64.0 / t
+
+    study.optimize(objective, n_trials=n, catch=(RuntimeError,))
+    return study
+
+
+def test_timeouts_count_toward_the_first_fit_and_each_new_one_refits():
+    """Timeouts are the costliest trials: waiting for MIN_TRIALS completed ones before learning
+    from them let a 10-minute job spend 11 time limits first (results/NOTES.md 15)."""
+    study = _hanging_study(n=80)
+    trials = study.trials
+    killed_at = [i for i, t in enumerate(trials) if t.state == optuna.trial.TrialState.FAIL]
+    done_at = [i for i, t in enumerate(trials) if t.state == optuna.trial.TrialState.COMPLETE]
+    # the first prefix with MIN_TRIALS measured trials still has fewer than MIN_TRIALS completed
+    first = cost_model.MIN_TRIALS
+    assert sum(i < first for i in done_at) < cost_model.MIN_TRIALS
+    assert sum(i < first for i in done_at) >= cost_model.MIN_COMPLETED
+    model = CostModel()
+    assert not model.update(trials[: first - 1])
+    assert model.update(trials[:first])
+    booster = model._booster
+    one_more_done = trials[:first] + [trials[min(i for i in done_at if i >= first)]]
+    model.update(one_more_done)  # one more completed trial: no refit yet
+    assert model._booster is booster
+    model.update(one_more_done + [trials[min(i for i in killed_at if i >= first)]])  # a new timeout: refit at once
+    assert model._booster is not booster
+    assert not CostModel().update([trials[i] for i in killed_at])  # nothing completed to scale by
+
+
 def test_refit_waits_for_new_trials():
     study = _toy_study(n=cost_model.MIN_TRIALS + cost_model.REFIT_EVERY)
     model = CostModel()
