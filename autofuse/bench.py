@@ -309,7 +309,9 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
                                 "final_rounds": 1})
             rres = run_job(rcfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: random search", budget_s)))
             extra["random_curve"] = _autofuse_curve(db_url, rres.study)
-            extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best}
+            extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best,
+                                   "study": rres.study}
+            extra.update(search_vs_random(db_url, result.study, rres.study))
         return runnable
 
     def metaschedule_col() -> _Runnable:
@@ -369,6 +371,49 @@ def _autofuse_curve(db_url: str, study_name: str) -> list[tuple[float, float]]:
         if best < math.inf:
             curve.append(((t.datetime_complete - t0).total_seconds(), best))
     return curve
+
+
+def _trial_curve(db_url: str, study_name: str) -> list[tuple[int, float]]:
+    """(finished trials so far, best-so-far ms), in the order trials finished: every trial
+    counts (pruned, failed and repeated ones too), as each took a turn of the job."""
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=db_url)
+    trials = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
+    best, curve = math.inf, []
+    for n, t in enumerate(trials, start=1):
+        if t.state == optuna.trial.TrialState.COMPLETE and t.value < best:
+            best = t.value
+        if best < math.inf:
+            curve.append((n, best))
+    return curve
+
+
+def best_at(curve: list[tuple[int, float]] | list[list[float]], n: int) -> float | None:
+    """The best-so-far after ``n`` trials (None before the first verified plan)."""
+    best = None
+    for k, v in curve:
+        if k > n:
+            break
+        best = v
+    return best
+
+
+def search_vs_random(db_url: str, guided_study: str, random_study: str) -> dict[str, Any]:
+    """Guided search (TPE, mutations, cost model) against random sampling of the same space,
+    both from the same reference and seed plans: the best each had after the same number of
+    trials (the smaller of the two counts), and at the end of the same wall-clock budget."""
+    guided, rand = _trial_curve(db_url, guided_study), _trial_curve(db_url, random_study)
+    out: dict[str, Any] = {"autofuse_trial_curve": guided, "random_trial_curve": rand}
+    if guided and rand:
+        n = min(guided[-1][0], rand[-1][0])
+        g, r = best_at(guided, n), best_at(rand, n)
+        out["search_vs_random"] = {
+            "equal_trials": n, "guided_ms": g, "random_ms": r,
+            "random_over_guided": (r / g) if g and r else None,
+            "guided_trials": guided[-1][0], "random_trials": rand[-1][0],
+            "same_budget_random_over_guided": rand[-1][1] / guided[-1][1]}
+    return out
 
 
 def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False, rounds: int = 5,
@@ -498,7 +543,8 @@ def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path,
 
 
 def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
-    """Speedup of autofuse over each peer per space; best-so-far vs wall time (autofuse vs MetaSchedule)."""
+    """The report's charts: speedup of autofuse over each peer per space; best-so-far vs wall
+    time (autofuse vs MetaSchedule); with ``--compare-random``, best-so-far vs trials."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -508,6 +554,17 @@ def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
     spaces = [Path(r["space"]).stem for r in report["spaces"]]  # a model by its file's name
     peers = [c for c in COLUMNS if c != "autofuse"
              and any((r.get("ratios_vs_autofuse") or {}).get(c) for r in report["spaces"])]
+    if peers:  # none with --columns autofuse alone
+        paths.append(_plot_speedups(report, spaces, peers, out_dir / "bench_speedup.png", plt))
+    paths.append(_plot_search(report["spaces"], out_dir / "bench_search.png", plt))
+    compared = [r for r in report["spaces"] if r.get("random_trial_curve") and r.get("autofuse_trial_curve")]
+    if compared:
+        paths.append(_plot_trials(compared, out_dir / "bench_trials.png", plt))
+    return paths
+
+
+def _plot_speedups(report: dict[str, Any], spaces: list[str], peers: list[str], path: Path, plt: Any) -> str:
+    """Per space, one bar a peer: peer time / autofuse time, log scale."""
     fig, ax = plt.subplots(figsize=(max(7, 1.5 * len(spaces) + 2), 4.2))
     width = 0.8 / len(peers)
     for i, peer in enumerate(peers):
@@ -521,14 +578,15 @@ def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
                  f"tuning budget {report['budget_s']:.0f} s", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    p = out_dir / "bench_speedup.png"
-    fig.savefig(p, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    paths.append(str(p))
+    return str(path)
 
-    n = len(report["spaces"])
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3), squeeze=False)
-    for ax, r in zip(axes[0], report["spaces"]):
+
+def _plot_search(results: list[dict[str, Any]], path: Path, plt: Any) -> str:
+    """Best-so-far against wall time: autofuse (and random search) vs MetaSchedule."""
+    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3), squeeze=False)
+    for ax, r in zip(axes[0], results):
         model = "autofuse_model_job" in r
         for key, label in (("autofuse_curve", "autofuse (sum of region bests)" if model else "autofuse TPE (measured)"),
                            ("random_curve", "autofuse random (measured)"),
@@ -543,11 +601,31 @@ def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
             ax.legend(fontsize=6)
     axes[0][0].set_ylabel("best so far (ms)")
     fig.tight_layout()
-    p = out_dir / "bench_search.png"
-    fig.savefig(p, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    paths.append(str(p))
-    return paths
+    return str(path)
+
+
+def _plot_trials(results: list[dict[str, Any]], path: Path, plt: Any) -> str:
+    """Best-so-far against trials: guided search and random search of the same space."""
+    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        for key, label in (("autofuse_trial_curve", "autofuse (TPE + mutations + cost model)"),
+                           ("random_trial_curve", "random search")):
+            curve = r[key]
+            ax.step([n for n, _ in curve], [v for _, v in curve], where="post", label=label)
+        n = (r.get("search_vs_random") or {}).get("equal_trials")
+        if n:
+            ax.axvline(n, color="grey", lw=0.6, ls=":")
+        ax.set_title(Path(r["space"]).stem, fontsize=9)
+        ax.set_xlabel("trials")
+        ax.set_yscale("log")
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("best so far (ms)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
@@ -563,6 +641,15 @@ def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
     if ratio and column != "autofuse":
         text += f" **{ratio:.2f}x**" if markdown else f" ({ratio:.2f}×)"
     return text
+
+
+def random_cell(cmp: dict[str, Any] | None) -> str:
+    """``random ms / guided ms`` at equal trials and at the end of the same budget."""
+    if not cmp or not cmp.get("random_over_guided"):
+        return ""
+    return (f"{cmp['random_over_guided']:.2f}x at {cmp['equal_trials']} trials; "
+            f"{cmp['same_budget_random_over_guided']:.2f}x at the budget "
+            f"({cmp['random_trials']} vs {cmp['guided_trials']} trials)")
 
 
 def _runs(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -586,8 +673,10 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
                  for run in runs) + ".", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
-    lines.append("| space | " + " | ".join(cols) + " | roofline | autofuse/roofline | trials | 95% of best at |")
-    lines.append("|---" * (len(cols) + 5) + "|")
+    vs_random = any("search_vs_random" in r for r in report["spaces"])
+    lines.append("| space | " + " | ".join(cols) + " | roofline | autofuse/roofline | trials | 95% of best at |"
+                 + (" random search at equal trials |" if vs_random else ""))
+    lines.append("|---" * (len(cols) + 5 + vs_random) + "|")
     for r in report["spaces"]:
         row = [r["space"]]
         row += [cell(r, c, markdown=True) for c in cols]
@@ -601,8 +690,15 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
             row.append(f"{trials} ({job['measured']} built)" if job.get("measured") is not None and trials != "" else str(trials))
         at = r.get("autofuse_95pct_at_s")
         row.append(f"{at:.0f} s" if at is not None else "")
+        if vs_random:
+            row.append(random_cell(r.get("search_vs_random")))
         lines.append("| " + " | ".join(row) + " |")
     geo = report.get("geomean_speedup_of_autofuse", {})
     lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
               + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items() if k != "autofuse") + "."]
+    if vs_random:
+        lines += ["", "Random search at equal trials: random sampling of the same space from the same reference "
+                  "and seed plans, tuned for the same budget after autofuse; its best after as many trials as the "
+                  "shorter of the two runs, over autofuse's best after as many (>1: the guided search is ahead), "
+                  "with the trial count; then the same ratio at the end of the budget. Curves: `bench_trials.png`."]
     return "\n".join(lines) + "\n"

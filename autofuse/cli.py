@@ -364,7 +364,7 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     """autofuse's best plan vs unfused, TVM (default, MetaSchedule), onnxruntime, NumPy and the roofline."""
     from pathlib import Path
 
-    from autofuse.bench import COLUMNS, cell, run_bench
+    from autofuse.bench import COLUMNS, cell, random_cell, run_bench
     from autofuse.job import parse_duration
     from autofuse.space import space_names
     from autofuse.target import parse_target
@@ -401,11 +401,16 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
                 t.add_column(c, justify="right")
         t.add_column("roofline", justify="right")
         t.add_column("autofuse / roofline", justify="right")
+        vs_random = any("search_vs_random" in r for r in report["spaces"])
+        if vs_random:
+            t.add_column("random search / autofuse (best ms)", justify="right")
         for r in report["spaces"]:
             row = [r["space"]]
             row += [cell(r, c, markdown=False) for c in COLUMNS if c in cols]
             row.append(f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "")
             row.append(f"{r['autofuse_over_roofline']:.2f}×" if r.get("autofuse_over_roofline") else "")
+            if vs_random:
+                row.append(random_cell(r.get("search_vs_random")))
             t.add_row(*row)
         console.print(t)
         geo = report["geomean_speedup_of_autofuse"]

@@ -87,3 +87,36 @@ def test_bench_reports_progress_while_each_tuner_runs(tmp_path, monkeypatch):
     assert any(" best " in l and l.endswith(" ms") for l in ours), ours
     theirs = [l for l in lines if l.startswith("ew_chain: tvm-metaschedule: ")]
     assert theirs and all("records" in l for l in theirs), lines
+
+
+def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
+    """`--compare-random`: random search of the same space gets the same budget; the report
+    compares the two bests after as many trials as the shorter run, and charts both curves."""
+    from autofuse.bench import best_at
+
+    out = tmp_path / "bench"
+    r = cli("bench", "ew_chain", "--tiny", "--budget", "5s", "--rounds", "1", "--repeats", "1", "--min-repeat-ms", "1",
+            "--columns", "autofuse", "--compare-random", "-o", str(out), "--json", timeout=600)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    (space,) = report["spaces"]
+    guided, rand, cmp = space["autofuse_trial_curve"], space["random_trial_curve"], space["search_vs_random"]
+    for curve in (guided, rand):
+        assert curve and all(a[0] < b[0] and a[1] >= b[1] for a, b in zip(curve, curve[1:]))  # best only improves
+    n = cmp["equal_trials"]
+    assert n == min(guided[-1][0], rand[-1][0]) == min(cmp["guided_trials"], cmp["random_trials"])
+    assert cmp["guided_ms"] == best_at(guided, n) and cmp["random_ms"] == best_at(rand, n)
+    assert cmp["random_over_guided"] == pytest.approx(cmp["random_ms"] / cmp["guided_ms"])
+    assert cmp["same_budget_random_over_guided"] == pytest.approx(rand[-1][1] / guided[-1][1])
+    assert space["random_job"]["study"].endswith("-random")
+    assert str(out / "bench_trials.png") in report["charts"]
+    assert (out / "bench_trials.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "bench.md").read_text()
+    assert "random search at equal trials" in md and f"at {n} trials" in md
+
+
+def test_best_at_reads_a_best_so_far_curve():
+    from autofuse.bench import best_at
+
+    curve = [(3, 9.0), (5, 7.0), (9, 4.0)]
+    assert best_at(curve, 2) is None and best_at(curve, 3) == 9.0 and best_at(curve, 8) == 7.0 and best_at(curve, 99) == 4.0
