@@ -374,23 +374,30 @@ def _autofuse_curve(db_url: str, study_name: str) -> list[tuple[float, float]]:
 
 
 def _trial_curve(db_url: str, study_name: str) -> list[tuple[int, float]]:
-    """(finished trials so far, best-so-far ms), in the order trials finished: every trial
-    counts (pruned, failed and repeated ones too), as each took a turn of the job."""
+    """(candidates measured so far, best-so-far ms), in the order trials finished.
+
+    Counted: the candidates built and run (timed out and failed ones too: their time was
+    spent), as tuners count measurement trials. Not counted: a plan suggested again (its
+    earlier result is reused) and one the cost model skipped; both take milliseconds, and
+    the guided search makes many more of them than random sampling does."""
     import optuna
 
     study = optuna.load_study(study_name=study_name, storage=db_url)
     trials = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
-    best, curve = math.inf, []
-    for n, t in enumerate(trials, start=1):
+    best, measured, curve = math.inf, 0, []
+    for t in trials:
+        if "seconds" not in t.user_attrs:  # a repeat or a pre-screened plan: nothing built
+            continue
+        measured += 1
         if t.state == optuna.trial.TrialState.COMPLETE and t.value < best:
             best = t.value
         if best < math.inf:
-            curve.append((n, best))
+            curve.append((measured, best))
     return curve
 
 
 def best_at(curve: list[tuple[int, float]] | list[list[float]], n: int) -> float | None:
-    """The best-so-far after ``n`` trials (None before the first verified plan)."""
+    """The best-so-far after ``n`` measured candidates (None before the first verified plan)."""
     best = None
     for k, v in curve:
         if k > n:
@@ -402,7 +409,8 @@ def best_at(curve: list[tuple[int, float]] | list[list[float]], n: int) -> float
 def search_vs_random(db_url: str, guided_study: str, random_study: str) -> dict[str, Any]:
     """Guided search (TPE, mutations, cost model) against random sampling of the same space,
     both from the same reference and seed plans: the best each had after the same number of
-    trials (the smaller of the two counts), and at the end of the same wall-clock budget."""
+    measured candidates (the smaller of the two counts), and at the end of the same
+    wall-clock budget."""
     guided, rand = _trial_curve(db_url, guided_study), _trial_curve(db_url, random_study)
     out: dict[str, Any] = {"autofuse_trial_curve": guided, "random_trial_curve": rand}
     if guided and rand:
@@ -607,7 +615,7 @@ def _plot_search(results: list[dict[str, Any]], path: Path, plt: Any) -> str:
 
 
 def _plot_trials(results: list[dict[str, Any]], path: Path, plt: Any) -> str:
-    """Best-so-far against trials: guided search and random search of the same space."""
+    """Best-so-far against candidates measured: guided search and random search of the same space."""
     fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3), squeeze=False)
     for ax, r in zip(axes[0], results):
         for key, label in (("autofuse_trial_curve", "autofuse (TPE + mutations + cost model)"),
@@ -618,7 +626,7 @@ def _plot_trials(results: list[dict[str, Any]], path: Path, plt: Any) -> str:
         if n:
             ax.axvline(n, color="grey", lw=0.6, ls=":")
         ax.set_title(Path(r["space"]).stem, fontsize=9)
-        ax.set_xlabel("trials")
+        ax.set_xlabel("candidates measured")
         ax.set_yscale("log")
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("best so far (ms)")
@@ -647,9 +655,9 @@ def random_cell(cmp: dict[str, Any] | None) -> str:
     """``random ms / guided ms`` at equal trials and at the end of the same budget."""
     if not cmp or not cmp.get("random_over_guided"):
         return ""
-    return (f"{cmp['random_over_guided']:.2f}x at {cmp['equal_trials']} trials; "
+    return (f"{cmp['random_over_guided']:.2f}x at {cmp['equal_trials']} measured; "
             f"{cmp['same_budget_random_over_guided']:.2f}x at the budget "
-            f"({cmp['random_trials']} vs {cmp['guided_trials']} trials)")
+            f"({cmp['random_trials']} vs {cmp['guided_trials']} measured)")
 
 
 def _runs(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -698,7 +706,8 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
               + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items() if k != "autofuse") + "."]
     if vs_random:
         lines += ["", "Random search at equal trials: random sampling of the same space from the same reference "
-                  "and seed plans, tuned for the same budget after autofuse; its best after as many trials as the "
-                  "shorter of the two runs, over autofuse's best after as many (>1: the guided search is ahead), "
-                  "with the trial count; then the same ratio at the end of the budget. Curves: `bench_trials.png`."]
+                  "and seed plans, tuned for the same budget after autofuse; its best after as many measured "
+                  "candidates as the shorter of the two runs built, over autofuse's best after as many (>1: the "
+                  "guided search is ahead), with that count; then the same ratio at the end of the budget, with "
+                  "each run's measured candidates. Curves: `bench_trials.png`."]
     return "\n".join(lines) + "\n"

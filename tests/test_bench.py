@@ -91,7 +91,8 @@ def test_bench_reports_progress_while_each_tuner_runs(tmp_path, monkeypatch):
 
 def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     """`--compare-random`: random search of the same space gets the same budget; the report
-    compares the two bests after as many trials as the shorter run, and charts both curves."""
+    compares the two bests after as many measured candidates as the shorter run built, and
+    charts both curves."""
     from autofuse.bench import best_at
 
     out = tmp_path / "bench"
@@ -103,6 +104,8 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     guided, rand, cmp = space["autofuse_trial_curve"], space["random_trial_curve"], space["search_vs_random"]
     for curve in (guided, rand):
         assert curve and all(a[0] < b[0] and a[1] >= b[1] for a, b in zip(curve, curve[1:]))  # best only improves
+    assert cmp["guided_trials"] == space["autofuse_job"]["measured"]  # repeats and pre-screened plans not counted
+    assert cmp["random_trials"] == space["random_job"]["measured"]
     n = cmp["equal_trials"]
     assert n == min(guided[-1][0], rand[-1][0]) == min(cmp["guided_trials"], cmp["random_trials"])
     assert cmp["guided_ms"] == best_at(guided, n) and cmp["random_ms"] == best_at(rand, n)
@@ -112,7 +115,7 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     assert str(out / "bench_trials.png") in report["charts"]
     assert (out / "bench_trials.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "bench.md").read_text()
-    assert "random search at equal trials" in md and f"at {n} trials" in md
+    assert "random search at equal trials" in md and f"at {n} measured" in md
 
 
 def test_best_at_reads_a_best_so_far_curve():
