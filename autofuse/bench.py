@@ -607,6 +607,11 @@ def _plot_search(results: list[dict[str, Any]], path: Path, plt: Any) -> str:
         ax.set_yscale("log")
         if ax.lines:
             ax.legend(fontsize=6)
+    return _save_panels(fig, axes, path, plt)
+
+
+def _save_panels(fig: Any, axes: Any, path: Path, plt: Any) -> str:
+    """A row of best-so-far panels, written as PNG."""
     axes[0][0].set_ylabel("best so far (ms)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -629,11 +634,7 @@ def _plot_trials(results: list[dict[str, Any]], path: Path, plt: Any) -> str:
         ax.set_xlabel("candidates measured")
         ax.set_yscale("log")
         ax.legend(fontsize=6)
-    axes[0][0].set_ylabel("best so far (ms)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return _save_panels(fig, axes, path, plt)
 
 
 def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
