@@ -302,16 +302,16 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
                         candidate_timeout_s=candidate_timeout, progress=False, log_dir=str(out_dir), final_rounds=2)
         result = run_job(cfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: autofuse", budget_s)))
         extra["autofuse_job"] = result.as_dict()
-        extra["autofuse_curve"] = _autofuse_curve(db_url, result.study)
+        extra["autofuse_curve"], guided_by_measured = _search_curves(db_url, result.study)
         runnable = best_plan_runnable(f"{result.trials_this_job} trials")  # before random search adds plans
         if compare_random:  # the same budget with random sampling: is the guided search earning its keep?
             rcfg = JobConfig(**{**cfg.__dict__, "study": cfg.study + "-random", "sampler": "random", "top_k": 1, "warm_start": False,
                                 "final_rounds": 1})
             rres = run_job(rcfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: random search", budget_s)))
-            extra["random_curve"] = _autofuse_curve(db_url, rres.study)
+            extra["random_curve"], random_by_measured = _search_curves(db_url, rres.study)
             extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best,
                                    "study": rres.study}
-            extra.update(search_vs_random(db_url, result.study, rres.study))
+            extra.update(search_vs_random(guided_by_measured, random_by_measured))
         return runnable
 
     def metaschedule_col() -> _Runnable:
@@ -355,45 +355,32 @@ def _build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, 
     return cols, extra
 
 
-def _autofuse_curve(db_url: str, study_name: str) -> list[tuple[float, float]]:
-    """(seconds since the first trial started, best-so-far ms) from the study's trials."""
-    import optuna
+def _search_curves(db_url: str, study_name: str) -> tuple[list[tuple[float, float]], list[tuple[int, float]]]:
+    """A study's best-so-far ms, in the order its trials finished, against two clocks: seconds
+    since the first trial started, and candidates measured so far.
 
-    study = optuna.load_study(study_name=study_name, storage=db_url)
-    trials = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
-    if not trials:
-        return []
-    t0 = min(t.datetime_start for t in trials)
-    best, curve = math.inf, []
-    for t in trials:
-        if t.state == optuna.trial.TrialState.COMPLETE and t.value < best:
-            best = t.value
-        if best < math.inf:
-            curve.append(((t.datetime_complete - t0).total_seconds(), best))
-    return curve
-
-
-def _trial_curve(db_url: str, study_name: str) -> list[tuple[int, float]]:
-    """(candidates measured so far, best-so-far ms), in the order trials finished.
-
-    Counted: the candidates built and run (timed out and failed ones too: their time was
-    spent), as tuners count measurement trials. Not counted: a plan suggested again (its
+    Measured: the candidates built and run (timed out and failed ones too: their time was
+    spent), as tuners count measurement trials. Not measured: a plan suggested again (its
     earlier result is reused) and one the cost model skipped; both take milliseconds, and
     the guided search makes many more of them than random sampling does."""
     import optuna
 
     study = optuna.load_study(study_name=study_name, storage=db_url)
     trials = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
-    best, measured, curve = math.inf, 0, []
+    if not trials:
+        return [], []
+    t0 = min(t.datetime_start for t in trials)
+    best, measured, by_time, by_measured = math.inf, 0, [], []
     for t in trials:
-        if "seconds" not in t.user_attrs:  # a repeat or a pre-screened plan: nothing built
-            continue
-        measured += 1
+        built = "seconds" in t.user_attrs  # not a repeat or a pre-screened plan
+        measured += built
         if t.state == optuna.trial.TrialState.COMPLETE and t.value < best:
             best = t.value
         if best < math.inf:
-            curve.append((measured, best))
-    return curve
+            by_time.append(((t.datetime_complete - t0).total_seconds(), best))
+            if built:
+                by_measured.append((measured, best))
+    return by_time, by_measured
 
 
 def best_at(curve: list[tuple[int, float]] | list[list[float]], n: int) -> float | None:
@@ -406,12 +393,11 @@ def best_at(curve: list[tuple[int, float]] | list[list[float]], n: int) -> float
     return best
 
 
-def search_vs_random(db_url: str, guided_study: str, random_study: str) -> dict[str, Any]:
+def search_vs_random(guided: list[tuple[int, float]], rand: list[tuple[int, float]]) -> dict[str, Any]:
     """Guided search (TPE, mutations, cost model) against random sampling of the same space,
-    both from the same reference and seed plans: the best each had after the same number of
-    measured candidates (the smaller of the two counts), and at the end of the same
-    wall-clock budget."""
-    guided, rand = _trial_curve(db_url, guided_study), _trial_curve(db_url, random_study)
+    both from the same reference and seed plans, given their best-so-far per candidates
+    measured: the best each had after the same number of measured candidates (the smaller
+    of the two counts), and at the end of the same wall-clock budget."""
     out: dict[str, Any] = {"autofuse_trial_curve": guided, "random_trial_curve": rand}
     if guided and rand:
         n = min(guided[-1][0], rand[-1][0])
