@@ -49,6 +49,7 @@ INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector"
 K_BLOCKS = (64, 128, 256, 512)
 UNROLL_STEPS = (0, 16, 64, 256)
 REDUCE_VECTOR_WIDTHS = (0, 8, 16, 32, 64)
+MAX_VECTOR_LANES = 64  # widest vector a secondary block gets (4 AVX-512 registers of floats)
 MAX_ACCUMULATORS = 512  # inner spatial tile of a reduction (e.g. 8 x 64 floats = 32 zmm registers)
 
 
@@ -336,7 +337,7 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
             sch.reverse_compute_at(name, loop)
             own = _loops_below(sch, name, loop)
             if k["vector"] and own:  # never the shared tile loop itself
-                _try(lambda: sch.vectorize(own[-1]))
+                _try(lambda: _vectorize(sch, own[-1]))
         elif name not in partial_sums:
             _root_schedule(sch, name, k)
     for name in reversed(before):
@@ -445,7 +446,28 @@ def _root_schedule(sch: s_tir.Schedule, name: str, k: dict[str, Any]) -> None:
     if k["parallel"] and lead:
         _try(lambda: sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0]))
     if k["vector"] and int(iters[-1].iter_type) != 2 and len(loops) > len(lead):
-        _try(lambda: sch.vectorize(sch.get_loops(name)[-1]))
+        _try(lambda: _vectorize(sch, sch.get_loops(name)[-1]))
+
+
+def _vectorize(sch: s_tir.Schedule, loop: Any) -> None:
+    """Vectorize a secondary block's inner loop, at most ``MAX_VECTOR_LANES`` lanes at a time.
+    A whole row (``T.vectorized(3072)``) is one LLVM vector thousands of lanes wide: LLVM
+    then spends 10-20 s legalizing it (a GELU epilogue at an outer tile loop timed out that
+    way in every mlp_gelu run, NOTES 18), for code no faster than a loop over 4 registers."""
+    ext = int(sch.get(loop).extent)
+    if ext > MAX_VECTOR_LANES:
+        lanes = _vector_lanes(ext)
+        if not lanes:
+            raise ScheduleRejected(f"no vector width divides {ext}")  # caught by _try: left scalar
+        loop = sch.split(loop, [None, lanes])[1]
+    sch.vectorize(loop)
+
+
+def _vector_lanes(ext: int) -> int:
+    """The widest split of ``ext`` into whole vectors: a multiple of 16 floats (one AVX-512
+    register) up to ``MAX_VECTOR_LANES`` if one divides it, else the largest divisor in 2..that."""
+    divisors = [d for d in range(MAX_VECTOR_LANES, 1, -1) if ext % d == 0]
+    return next((d for d in divisors if d % 16 == 0), divisors[0] if divisors else 0)
 
 
 def _try(step) -> bool:

@@ -180,3 +180,59 @@ def test_k_block_needs_a_reduction_long_enough():
     with pytest.raises(PlanError, match="must be 0"):
         resolve_knobs(LoopNest((8, 16), (32,)), {"k_block": -4})
     assert resolve_knobs(LoopNest((8, 16), (32,)), {"k_block": 8})["k_block"] == 8
+
+
+def _vector_widths(text: str) -> list[int]:
+    import re
+
+    return [int(x) for x in re.findall(r"T\.vectorized\(T\.int64\((\d+)\)\)", text)]
+
+
+def _scheduled_text(w, plan) -> str:
+    from autofuse.build import schedule_module
+
+    mod = schedule_module(w.graph(plan.fold_params), plan, LLVM)
+    return "\n".join(f.script() for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+@pytest.mark.parametrize("epilogue_at", [-1, 0])
+def test_epilogue_rows_are_vectorized_a_few_registers_at_a_time(epilogue_at):
+    """A GELU epilogue at the outer row-tile loop (or at root) loops over whole 3072-float
+    rows; vectorized in one piece it became one LLVM vector of 3072 lanes, which took LLVM
+    20 s to compile (NOTES 18).  No loop gets more than MAX_VECTOR_LANES lanes."""
+    from autofuse.schedule import MAX_VECTOR_LANES
+
+    w = get_workload("mlp_gelu")
+    part = partition_of_default(w)
+    knobs = {"t0": 8, "t1": 16, "parallel": 1, "epilogue_at": epilogue_at, "vector": True}
+    plan = w.partition_plan(part, True, "rows", [dict(knobs) for _ in part], fast_math=True)
+    widths = _vector_widths(_scheduled_text(w, plan))
+    assert widths and max(widths) <= MAX_VECTOR_LANES
+    assert MAX_VECTOR_LANES in widths  # the 3072-float rows: split, not left scalar
+
+
+def test_split_vectors_compute_the_reference(monkeypatch):
+    """The split path (a row wider than the cap) is correct: tiny mlp_gelu's 64-float rows
+    under a 16-lane cap."""
+    from autofuse import schedule
+
+    monkeypatch.setattr(schedule, "MAX_VECTOR_LANES", 16)
+    w = get_workload("mlp_gelu", tiny=True)
+    part = partition_of_default(w)
+    knobs = {"t0": 8, "t1": 8, "parallel": 1, "epilogue_at": 0, "vector": True}
+    plan = w.partition_plan(part, True, "rows", [dict(knobs) for _ in part])
+    assert "for ax1_1 in T.vectorized(T.int64(16))" in _scheduled_text(w, plan)  # the row loop, split
+    res = evaluate_plan(w, plan, LLVM, QUICK)
+    assert res["status"] == OK and res["correct"], res
+
+
+def test_vector_lanes_prefer_whole_avx512_registers():
+    from autofuse.schedule import _vector_lanes
+
+    assert [_vector_lanes(n) for n in (3072, 768, 96, 100, 127)] == [64, 64, 48, 50, 0]
+
+
+def partition_of_default(w):
+    from autofuse.build import partition_of
+
+    return partition_of(w.graph(True), w.reference_plan("default"))
