@@ -76,9 +76,10 @@ def test_bench_reports_progress_while_each_tuner_runs(tmp_path, monkeypatch):
     """A 10-minute tuning phase is not silent: both tuners say how far into the budget they
     are and what they have found (here every poll/trial, instead of once a minute)."""
     from autofuse import bench
+    from autofuse.bench import columns
     from autofuse.target import parse_target
 
-    monkeypatch.setattr(bench, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(columns, "PROGRESS_EVERY_S", 0.0)
     lines: list[str] = []
     bench.run_bench(["ew_chain"], parse_target("llvm"), 4.0, tmp_path / "b", tiny=True, rounds=1, repeats=1,
                     min_repeat_ms=1, include=("numpy", "autofuse", "tvm-metaschedule"), progress=lines.append)
@@ -123,3 +124,11 @@ def test_best_at_reads_a_best_so_far_curve():
 
     curve = [(3, 9.0), (5, 7.0), (9, 4.0)]
     assert best_at(curve, 2) is None and best_at(curve, 3) == 9.0 and best_at(curve, 8) == 7.0 and best_at(curve, 99) == 4.0
+
+
+def test_time_to_95_percent_of_the_final_best():
+    from autofuse.bench import reached_95pct_at
+
+    curve = [(1.0, 10.0), (4.0, 5.3), (7.0, 5.2), (300.0, 5.0)]
+    assert reached_95pct_at(curve) == 7.0  # 5.2 <= 5.0 / 0.95; 5.3 is not
+    assert reached_95pct_at([]) is None

@@ -1,0 +1,262 @@
+"""The bench's columns: each way of computing a space (autofuse's best plan, its peers, the
+NumPy reference), built or tuned, then wrapped as a ``Runnable`` that checks and times it.
+
+Tuning columns (autofuse, MetaSchedule, random search) get the same wall-clock budget and
+say every minute how far they are (``Ticker``).  A peer that cannot run is reported as a
+failed column, never fatal.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from autofuse.bench.curves import search_curves, search_vs_random
+from autofuse.measure import Session, TimingConfig
+from autofuse.target import Target, num_threads
+from autofuse.workload import Workload
+
+COLUMNS = ("unfused", "tvm-default", "tvm-metaschedule", "onnxruntime", "numpy", "autofuse")
+
+
+@dataclass
+class Column:
+    name: str
+    correct: bool | None = None
+    error: str | None = None
+    samples_ms: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.samples_ms) if self.samples_ms else None
+
+    @property
+    def spread_ms(self) -> float | None:
+        return (max(self.samples_ms) - min(self.samples_ms)) if self.samples_ms else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "correct": self.correct, "error": self.error, "median_ms": self.median_ms,
+                "spread_ms": self.spread_ms, "samples": len(self.samples_ms), "note": self.note}
+
+
+def time_python(fn: Callable[[], Any], min_ms: float, repeats: int) -> list[float]:
+    """ms per call of a Python callable (onnxruntime, NumPy): a warm-up call, then ``repeats``
+    timings, each of as many calls as last ``min_ms``."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            if (time.perf_counter() - t0) * 1e3 >= min_ms:
+                break
+        out.append((time.perf_counter() - t0) * 1e3 / n)
+    return out
+
+
+class _Runnable:
+    """One column, ready to check and time."""
+
+    def __init__(self, column: Column, timer: Callable[[int, float], list[float]], output: Callable[[], np.ndarray]):
+        self.column, self.timer, self.output = column, timer, output
+
+
+def _vm_runnable(name: str, ex: Any, w: Workload, fold: bool, target: Target, note: str = "") -> _Runnable:
+    acts, _ = w.check_data()
+    session = Session(ex, target)
+    inputs = w.runtime_inputs(fold, acts)
+    args = session.to_device(inputs)
+
+    def timer(repeats: int, min_ms: float) -> list[float]:
+        return session.time(inputs, TimingConfig(repeats=repeats, min_repeat_ms=int(min_ms), warmup=1))
+
+    return _Runnable(Column(name, note=note), timer, lambda: session(args))
+
+
+PROGRESS_EVERY_S = 60.0  # a tuning phase's progress line at most this often
+
+
+class _Ticker:
+    """A progress line at most once a minute during a long tuning phase: how far into the
+    budget, and what the tuner has found so far."""
+
+    def __init__(self, progress: Callable[[str], None], label: str, budget_s: float):
+        self.progress, self.label, self.budget_s, self.every_s = progress, label, budget_s, PROGRESS_EVERY_S
+        self.t0 = self.last = time.time()
+
+    def __call__(self, found: str) -> None:
+        now = time.time()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self.progress(f"{self.label}: {_mmss(now - self.t0)} of {_mmss(self.budget_s)}, {found}")
+
+    def study_update(self, study: Any) -> None:
+        """For a tuning job's per-trial callback (an Optuna study)."""
+        if time.time() - self.last < self.every_s:
+            return
+        done = study.get_trials(deepcopy=False)
+        ok = [t.value for t in done if t.value is not None]
+        self(f"{len(done)} trials, best {min(ok):.4f} ms" if ok else f"{len(done)} trials, none verified yet")
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
+    """``run_job``'s progress factory: a context manager yielding the per-trial update."""
+    from contextlib import nullcontext
+
+    return lambda _cfg, _before: nullcontext(ticker.study_update)
+
+
+def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
+                  seed: int, include: tuple[str, ...], compare_random: bool = False) -> tuple[list[_Runnable], dict[str, Any]]:
+    """The ``include``d columns of ``w``, ready to check and time, and what the tuners
+    reported (search curves, job summaries, the random-search comparison)."""
+    import tvm
+    from tvm import relax
+
+    from autofuse import metaschedule
+    from autofuse.build import build
+    from autofuse.peers import has_onnx, onnx_model, onnxruntime_session
+    from autofuse.relax_module import bind_params, space_to_relax
+
+    acts, expected = w.check_data()
+    cols: list[_Runnable] = []
+    extra: dict[str, Any] = {}
+    source = getattr(w.space, "source", None) or {}
+    model_path = source.get("path")  # an imported ONNX model rather than a hand-written space
+    # what a child process (model tune, MetaSchedule) loads the workload by
+    spec = w.space.name
+    if model_path:
+        from autofuse.onnx_import import model_spec
+
+        spec = model_spec(model_path, source.get("shapes"))
+
+    def guarded(name: str, make: Callable[[], _Runnable | None]) -> None:
+        if name not in include:
+            return
+        progress(f"{w.space.name}: preparing {name}")
+        try:
+            r = make()
+        except Exception as e:  # a peer that cannot run is reported, not fatal
+            r = _Runnable(Column(name, correct=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"),
+                          lambda *_: [], lambda: None)
+        if r is not None:
+            cols.append(r)
+
+    guarded("unfused", lambda: _vm_runnable("unfused", build(w.graph(True), w.reference_plan("unfused"), target), w, True, target))
+
+    def tvm_default() -> _Runnable:
+        mod = bind_params(space_to_relax(w.space), w.params)
+        ex = tvm.compile(mod, target.tvm(), relax_pipeline=relax.get_default_pipeline(target.tvm()))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        args = [tvm.runtime.tensor(acts[t.name]) for t in w.space.activations]
+        vm.save_function("main", "main_timed", *args)
+
+        def timer(repeats: int, min_ms: float) -> list[float]:
+            r = vm.time_evaluator("main_timed", tvm.cpu(), number=1, repeat=repeats, min_repeat_ms=int(min_ms))()
+            return [x * 1e3 for x in r.results]
+
+        return _Runnable(Column("tvm-default", note="FuseOps, no schedule"), timer, lambda: vm["main"](*args).numpy())
+
+    guarded("tvm-default", tvm_default)
+
+    db_url = f"sqlite:///{out_dir / 'bench.db'}"
+    candidate_timeout = min(120.0, max(20.0, budget_s / 6))  # one slow compile can't eat the budget
+
+    def best_plan_runnable(note: str) -> _Runnable:
+        """autofuse's column: the best verified plan the tuning stored, built here."""
+        from autofuse.db import PlanDB
+        from autofuse.plan import Plan
+
+        best = PlanDB(db_url, create=False, readonly=True).best_plan(w.hash, target.spec)
+        if best is None:
+            raise RuntimeError("autofuse found no verified plan in the budget")
+        plan = Plan.from_json(best.plan_json)
+        ex = build(w.graph(plan.fold_params), plan, target)
+        return _vm_runnable("autofuse", ex, w, plan.fold_params, target,
+                            note=f"plan {plan.hash} ({best.label}), {len(plan.groups)} kernels, {note}")
+
+    def autofuse_model_col() -> _Runnable:
+        """A whole model: regions tuned within the budget, their best plans stitched."""
+        from autofuse.model_job import ModelTuneConfig, tune_model
+        ticker = _Ticker(progress, f"{w.space.name}: autofuse", budget_s)
+        result = tune_model(ModelTuneConfig(model=spec, timeout_s=budget_s,
+                                            db_url=db_url, seed=seed, candidate_timeout_s=candidate_timeout),
+                            progress=lambda i: ticker(
+                                f"{i['trial']} region trials, {i['regions_untried']} regions untried, model estimate "
+                                + ("-" if i["model_estimate_ms"] is None else f"{i['model_estimate_ms']:.4f} ms")))
+        extra["autofuse_model_job"] = {k: v for k, v in result.items() if k not in ("regions_detail", "curve")}
+        extra["autofuse_curve"] = result["curve"]  # sum over regions of instances x best time
+        return best_plan_runnable(f"{result['trials']} region trials")
+
+    def autofuse_col() -> _Runnable:
+        from autofuse.job import JobConfig, run_job
+
+        if model_path:
+            return autofuse_model_col()
+        cfg = JobConfig(space=w.space.name, target=target.spec_json, tiny=w.tiny, trials=None, timeout_s=budget_s,
+                        db_url=db_url, study=f"bench-{w.space.name}-{int(time.time())}", seed=seed,
+                        candidate_timeout_s=candidate_timeout, progress=False, log_dir=str(out_dir), final_rounds=2)
+        result = run_job(cfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: autofuse", budget_s)))
+        extra["autofuse_job"] = result.as_dict()
+        extra["autofuse_curve"], guided_by_measured = search_curves(db_url, result.study)
+        runnable = best_plan_runnable(f"{result.trials_this_job} trials")  # before random search adds plans
+        if compare_random:  # the same budget with random sampling: is the guided search earning its keep?
+            rcfg = JobConfig(**{**cfg.__dict__, "study": cfg.study + "-random", "sampler": "random", "top_k": 1, "warm_start": False,
+                                "final_rounds": 1})
+            rres = run_job(rcfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: random search", budget_s)))
+            extra["random_curve"], random_by_measured = search_curves(db_url, rres.study)
+            extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best,
+                                   "study": rres.study}
+            extra.update(search_vs_random(guided_by_measured, random_by_measured))
+        return runnable
+
+    def metaschedule_col() -> _Runnable:
+        work = out_dir / f"ms-{w.space.name}"
+        ticker = _Ticker(progress, f"{w.space.name}: tvm-metaschedule", budget_s)
+        curve, info = metaschedule.tune(spec, w.tiny, target, budget_s, work, seed=seed, on_poll=lambda n, est: ticker(
+            f"{n} records, " + ("not every kernel tuned yet" if est is None else f"sum of kernel bests {est:.4f} ms")))
+        extra["metaschedule_curve"] = curve
+        extra["metaschedule"] = info
+        mod, tuned, total = metaschedule.apply_best(w.graph(True).mod, target, work)
+        ex = tvm.compile(mod, target.tvm())
+        return _vm_runnable("tvm-metaschedule", ex, w, True, target,
+                            note=f"{info['records']} records, {tuned}/{total} kernels tuned")
+
+    guarded("tvm-metaschedule", metaschedule_col)
+    guarded("autofuse", autofuse_col)
+
+    def ort_col() -> _Runnable | None:
+        if model_path:  # the model file itself, with the weights the workload uses
+            import onnx
+
+            ref = w.space.reference
+            sess = onnxruntime_session(onnx.load_from_string(ref.model_bytes), num_threads())
+            feed = {o: np.asarray(acts[r], dtype=np.float32) for r, o in ref.relax_to_onnx.items()}
+        elif has_onnx(w.space.name):
+            sess = onnxruntime_session(onnx_model(w.space, w.params, expected.shape), num_threads())
+            feed = {k: v for k, v in acts.items()}
+        else:
+            return None
+        return _Runnable(Column("onnxruntime", note=f"{num_threads()} threads, ORT_ENABLE_ALL"),
+                         lambda r, m: time_python(lambda: sess.run(None, feed), m, r),
+                         lambda: sess.run(None, feed)[0])
+
+    guarded("onnxruntime", ort_col)
+    ref_inputs = {**acts, **w.params}
+    if model_path:  # a model's reference is onnxruntime itself: no NumPy column
+        return cols, extra
+    guarded("numpy", lambda: _Runnable(Column("numpy", note="the reference (float64 where it casts)"),
+                                       lambda r, m: time_python(lambda: w.space.reference(**ref_inputs), m, r),
+                                       lambda: w.space.reference(**ref_inputs)))
+    return cols, extra

@@ -1,0 +1,85 @@
+"""The bench as text: table cells (terminal and markdown) and the markdown report that
+results/README.md shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autofuse.bench.columns import COLUMNS
+
+
+def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
+    """One table cell: median (spread) and the peer/autofuse ratio, or why the column failed."""
+    col = result["columns"].get(column)
+    if not col:
+        return "n/a"
+    if col["median_ms"] is None:
+        why = (col["error"] or "failed")[:50]
+        return f"failed: {why}" if markdown else f"[red]{why}[/]"
+    text = f"{col['median_ms']:.3f} (±{col['spread_ms']:.3f})"
+    ratio = (result.get("ratios_vs_autofuse") or {}).get(column)
+    if ratio and column != "autofuse":
+        text += f" **{ratio:.2f}x**" if markdown else f" ({ratio:.2f}×)"
+    return text
+
+
+def random_cell(cmp: dict[str, Any] | None) -> str:
+    """``random ms / guided ms`` at equal trials and at the end of the same budget."""
+    if not cmp or not cmp.get("random_over_guided"):
+        return ""
+    return (f"{cmp['random_over_guided']:.2f}x at {cmp['equal_trials']} measured; "
+            f"{cmp['same_budget_random_over_guided']:.2f}x at the budget "
+            f"({cmp['random_trials']} vs {cmp['guided_trials']} measured)")
+
+
+def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs that measured the report's spaces (one, for a report from before ``--append``)."""
+    return report.get("runs") or [{"date": report["date"], "spaces": [r["space"] for r in report["spaces"]],
+                                   "peaks": report["peaks"]}]
+
+
+def markdown_report(report: dict[str, Any], command: str = "") -> str:
+    """The bench as a markdown table (what results/README.md shows)."""
+    cols = [c for c in COLUMNS if any(c in r["columns"] for r in report["spaces"])]
+    runs = runs_of(report)
+    when = runs[0]["date"] if len(runs) == 1 else f"in {len(runs)} runs (" + "; ".join(
+        f"{run['date']}: {', '.join(run['spaces'])}" for run in runs) + ")"
+    lines = [f"Measured {when} on this machine ({report['threads']} threads, TVM {report['tvm_version']}), "
+             f"tuning budget {report['budget_s']:.0f} s per space for autofuse and MetaSchedule alike; "
+             f"{report['rounds']} interleaved rounds x {report['repeats']} repeats, median (spread = max-min) in ms.",
+             "Peaks measured by the same command: " + "; ".join(
+                 f"{run['peaks']['peak_gflops']:.0f} GFLOP/s ({run['peaks'].get('peak_source', 'numpy')} SGEMM "
+                 f"2048^3), {run['peaks']['bandwidth_gbs']:.1f} GB/s (copy)" + (f" ({run['date']})" if len(runs) > 1 else "")
+                 for run in runs) + ".", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    vs_random = any("search_vs_random" in r for r in report["spaces"])
+    lines.append("| space | " + " | ".join(cols) + " | roofline | autofuse/roofline | trials | 95% of best at |"
+                 + (" random search at equal trials |" if vs_random else ""))
+    lines.append("|---" * (len(cols) + 5 + vs_random) + "|")
+    for r in report["spaces"]:
+        row = [r["space"]]
+        row += [cell(r, c, markdown=True) for c in cols]
+        row.append(f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "")
+        row.append(f"{r['autofuse_over_roofline']:.2f}x" if r.get("autofuse_over_roofline") else "")
+        if "autofuse_model_job" in r:  # a whole model: trials over all its regions
+            row.append(f"{r['autofuse_model_job'].get('trials', '')} (all regions)")
+        else:
+            job = r.get("autofuse_job") or {}
+            trials = job.get("trials_this_job", "")
+            row.append(f"{trials} ({job['measured']} built)" if job.get("measured") is not None and trials != "" else str(trials))
+        at = r.get("autofuse_95pct_at_s")
+        row.append(f"{at:.0f} s" if at is not None else "")
+        if vs_random:
+            row.append(random_cell(r.get("search_vs_random")))
+        lines.append("| " + " | ".join(row) + " |")
+    geo = report.get("geomean_speedup_of_autofuse", {})
+    lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
+              + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items() if k != "autofuse") + "."]
+    if vs_random:
+        lines += ["", "Random search at equal trials: random sampling of the same space from the same reference "
+                  "and seed plans, tuned for the same budget after autofuse; its best after as many measured "
+                  "candidates as the shorter of the two runs built, over autofuse's best after as many (>1: the "
+                  "guided search is ahead), with that count; then the same ratio at the end of the budget, with "
+                  "each run's measured candidates. Curves: `bench_trials.png`."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,113 @@
+"""The roofline floor: this machine's peak FLOP/s and bandwidth, and a workload's work.
+
+A space's floor is max(FLOPs / peak, bytes / bandwidth), with both peaks measured by the
+same command that times the columns (a large SGEMM through the fastest library present; a
+large parallel copy, bytes read + written), so the floor moves with the machine's state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from autofuse.bench.columns import time_python
+from autofuse.target import num_threads
+from autofuse.workload import Workload
+
+
+def machine_peaks(seconds: float = 1.0) -> dict[str, float]:
+    """Peak FLOP/s from a large SGEMM through NumPy's BLAS, bandwidth from a large copy."""
+    n = 2048
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+    a @ b
+    times = []
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end or len(times) < 3:
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    flops = 2 * n**3 / min(times)
+    source = "numpy"
+    try:  # onnxruntime's MLAS GEMM is often the fastest library present
+        import onnx.helper as h
+        from onnx import TensorProto
+
+        from autofuse.peers import onnxruntime_session
+
+        g = h.make_graph([h.make_node("MatMul", ["a", "b"], ["c"])], "mm",
+                         [h.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in "ab"],
+                         [h.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
+        sess = onnxruntime_session(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), num_threads())
+        feed = {"a": a, "b": b}
+        sess.run(None, feed)
+        ort_best = min(time_python(lambda: sess.run(None, feed), 1.0, 5)) / 1e3
+        if 2 * n**3 / ort_best > flops:
+            flops, source = 2 * n**3 / ort_best, "onnxruntime"
+    except ImportError:
+        pass
+    # Copy bandwidth with as many threads as kernels use (one thread cannot saturate DRAM):
+    # each thread copies its own slice; np.copyto releases the GIL.
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = num_threads()
+    src = np.ones(64 << 20, dtype=np.float32)  # 256 MiB
+    dst = np.empty_like(src)
+    step = src.size // threads
+    chunks = [(dst[i * step:(i + 1) * step], src[i * step:(i + 1) * step]) for i in range(threads)]
+    ctimes = []
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(6):
+            t = time.perf_counter()
+            list(pool.map(lambda c: np.copyto(*c), chunks))
+            ctimes.append(time.perf_counter() - t)
+    bw = 2 * step * threads * src.itemsize / min(ctimes[1:])
+    bw_source = "numpy copy"
+    tvm_bw = _tvm_copy_bandwidth(src.size, threads)
+    if tvm_bw > bw:
+        bw, bw_source = tvm_bw, "TVM parallel vectorized copy"
+    return {"peak_gflops": flops / 1e9, "peak_source": source, "bandwidth_gbs": bw / 1e9, "bandwidth_source": bw_source,
+            "copy_threads": threads}
+
+
+def _tvm_copy_bandwidth(n: int, threads: int) -> float:
+    """Bytes read + written per second by a parallel, vectorized TVM copy of n floats."""
+    import tvm
+    from tvm import s_tir, te
+
+    a = te.placeholder((n,), "float32", name="A")
+    b = te.compute((n,), lambda i: a[i], name="B")
+    sch = s_tir.Schedule(te.create_prim_func([a, b]))
+    (i,) = sch.get_loops("B")
+    outer, inner = sch.split(i, [threads * 64, None])
+    sch.parallel(outer)
+    _, vec = sch.split(inner, [None, 16])
+    sch.vectorize(vec)
+    rt = tvm.compile(sch.mod, tvm.target.Target({"kind": "llvm"})).jit()
+    ta = tvm.runtime.tensor(np.ones(n, "float32"))
+    tb = tvm.runtime.tensor(np.zeros(n, "float32"))
+    r = rt.time_evaluator("main", tvm.cpu(), number=3, repeat=5)(ta, tb)
+    return 2 * n * 4 / min(r.results)
+
+
+def work_of(w: Workload) -> dict[str, float]:
+    """FLOPs of the computation and the bytes a perfectly fused kernel must move."""
+    from autofuse.schedule import block_nests
+
+    g = w.graph(True)
+    flops = 0.0
+    for op in g.ops:
+        for _, nest in block_nests(g.mod[op.func]):
+            spatial = math.prod(nest.spatial) if nest.spatial else 1
+            flops += 2.0 * spatial * math.prod(nest.reduce) if nest.reduce else spatial
+    nbytes = sum(4 * math.prod(t.shape) for t in g.inputs)  # activations
+    nbytes += sum(4 * math.prod(shape) for shape, _ in g.consts)  # parameters (folded)
+    nbytes += 4 * math.prod(g.ops[g.index()[g.output]].shape)  # output
+    return {"flops": flops, "bytes": float(nbytes)}
+
+
+def roofline_ms(work: dict[str, float], peaks: dict[str, float]) -> float:
+    """max(compute time at peak FLOP/s, time to move the bytes at peak bandwidth), in ms."""
+    return max(work["flops"] / (peaks["peak_gflops"] * 1e9), work["bytes"] / (peaks["bandwidth_gbs"] * 1e9)) * 1e3

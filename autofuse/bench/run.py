@@ -1,0 +1,148 @@
+"""A bench run: every space's columns built, checked against the reference, timed in
+interleaved rounds; the report written as JSON, markdown and charts (``--append`` adds
+spaces to an earlier report measured under the same settings)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from autofuse.bench.columns import COLUMNS, build_columns
+from autofuse.bench.curves import reached_95pct_at
+from autofuse.bench.plots import plot_bench
+from autofuse.bench.report import markdown_report, runs_of
+from autofuse.bench.roofline import machine_peaks, roofline_ms, work_of
+from autofuse.measure import compare
+from autofuse.target import Target, num_threads
+from autofuse.workload import get_workload
+
+
+def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False, rounds: int = 5,
+                repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0, peaks: dict[str, float] | None = None,
+                include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None,
+                compare_random: bool = False) -> dict[str, Any]:
+    """One space's row of the report: its columns built or tuned, checked, timed in
+    ``rounds`` interleaved rounds of ``repeats``; ratios, roofline and search curves."""
+    w = get_workload(name, tiny)
+    _, expected = w.check_data()
+    runnables, extra = build_columns(w, target, budget_s, out_dir, progress, seed, include, compare_random)
+    for r in runnables:  # correctness first: a wrong column is reported, never timed
+        if r.column.error:
+            continue
+        try:
+            out = r.output()
+            out = np.asarray(out.numpy() if hasattr(out, "numpy") else out)
+            r.column.correct, err = compare(out, expected, w.space.rtol, w.space.atol)
+            if not r.column.correct:
+                r.column.error = f"wrong result (relative error {err:.3g})"
+        except Exception as e:
+            r.column.correct, r.column.error = False, f"{type(e).__name__}: {e}"
+    progress(f"{name}: timing {len(runnables)} columns, {rounds} interleaved rounds")
+    for _ in range(rounds):
+        for r in runnables:
+            if r.column.correct:
+                r.column.samples_ms.extend(r.timer(repeats, min_repeat_ms))
+    work = work_of(w)
+    result: dict[str, Any] = {"space": name, "tiny": tiny, "workload": w.hash, "budget_s": budget_s,
+                              "columns": {r.column.name: r.column.as_dict() for r in runnables}, **work, **extra}
+    if peaks:
+        result["roofline_ms"] = roofline_ms(work, peaks)
+    af = result["columns"].get("autofuse", {}).get("median_ms")
+    if af:
+        result["ratios_vs_autofuse"] = {k: (c["median_ms"] / af if c["median_ms"] else None)
+                                        for k, c in result["columns"].items()}
+        if peaks:
+            result["autofuse_over_roofline"] = af / result["roofline_ms"]
+        if extra.get("autofuse_curve"):
+            result["autofuse_95pct_at_s"] = reached_95pct_at(extra["autofuse_curve"])
+    return result
+
+
+def _clear_scratch(out_dir: Path) -> None:
+    """Each bench tunes from scratch: an earlier run's plans (bench.db) or MetaSchedule records
+    (ms-*) would otherwise warm-start this one and its budget would not be the budget."""
+    import shutil
+
+    for f in out_dir.glob("bench.db*"):
+        f.unlink()
+    for d in out_dir.glob("ms-*"):
+        if d.is_dir():
+            shutil.rmtree(d)
+
+
+class BenchAppendError(Exception):
+    """``--append`` onto a report measured under other settings (budget, target, shapes)."""
+
+
+def _previous_report(out_dir: Path, target: Target, budget_s: float, tiny: bool) -> dict[str, Any] | None:
+    """The report ``--append`` adds to, checked to be comparable with this run."""
+    path = out_dir / "bench.json"
+    if not path.exists():
+        return None
+    try:
+        prev = json.loads(path.read_text())
+        prev_budget, prev_target = float(prev["budget_s"]), prev["target"]
+        prev_tiny = any(r.get("tiny") for r in prev["spaces"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise BenchAppendError(f"--append: {path} is not a bench report ({type(e).__name__}: {e})") from None
+    if prev_budget != budget_s:
+        raise BenchAppendError(f"--append: {path} was measured with a {prev_budget:.0f} s budget, this run has "
+                               f"{budget_s:.0f} s; use the same --budget or another --output")
+    if prev_target != target.spec or prev_tiny != tiny:
+        raise BenchAppendError(f"--append: {path} was measured for another target or shapes; use another --output")
+    return prev
+
+
+def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False,
+              rounds: int = 5, repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0,
+              include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None,
+              compare_random: bool = False, append: bool = False) -> dict[str, Any]:
+    """Bench ``spaces`` and write the report.  ``append``: keep the spaces of the report
+    already in ``out_dir`` that this run does not measure (a long bench split over several
+    sessions); each space keeps the date and machine peaks of the run that measured it."""
+    import tvm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prev = _previous_report(out_dir, target, budget_s, tiny) if append else None
+    _clear_scratch(out_dir)
+    progress("measuring machine peaks (SGEMM, copy)")
+    peaks = machine_peaks()
+    date = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    results = []
+    for s in spaces:
+        r = bench_space(s, target, budget_s, out_dir, tiny=tiny, rounds=rounds, repeats=repeats,
+                        min_repeat_ms=min_repeat_ms, seed=seed, peaks=peaks, include=include, progress=progress,
+                        compare_random=compare_random)
+        results.append({**r, "date": date})
+    runs = [{"date": date, "spaces": list(spaces), "peaks": peaks}]
+    if prev is not None:
+        kept = [r for r in prev["spaces"] if r["space"] not in spaces]
+        results = kept + results
+        runs = [{**run, "spaces": [x for x in run["spaces"] if x not in spaces]} for run in runs_of(prev)]
+        runs = [run for run in runs if run["spaces"]] + [{"date": date, "spaces": list(spaces), "peaks": peaks}]
+    report = {"date": date, "target": target.spec, "threads": num_threads(),
+              "tvm_version": tvm.__version__, "peaks": peaks, "budget_s": budget_s, "rounds": rounds,
+              "repeats": repeats, "min_repeat_ms": min_repeat_ms, "runs": runs, "spaces": results}
+    geo = {}
+    for col in COLUMNS:
+        ratios = [r.get("ratios_vs_autofuse", {}).get(col) for r in results]
+        ratios = [x for x in ratios if x]
+        if ratios:
+            geo[col] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    report["geomean_speedup_of_autofuse"] = geo
+    path = out_dir / "bench.json"
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".bench.", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(report, f, indent=1, default=float)
+    os.replace(tmp, path)
+    report["json"] = str(path)
+    report["charts"] = plot_bench(report, out_dir)
+    (out_dir / "bench.md").write_text(markdown_report(report))
+    return report
