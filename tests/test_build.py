@@ -203,7 +203,7 @@ def test_epilogue_rows_are_vectorized_a_few_registers_at_a_time(epilogue_at):
     from autofuse.schedule import MAX_VECTOR_LANES
 
     w = get_workload("mlp_gelu")
-    part = partition_of_default(w)
+    part = _default_partition(w)
     knobs = {"t0": 8, "t1": 16, "parallel": 1, "epilogue_at": epilogue_at, "vector": True}
     plan = w.partition_plan(part, True, "rows", [dict(knobs) for _ in part], fast_math=True)
     widths = _vector_widths(_scheduled_text(w, plan))
@@ -218,7 +218,7 @@ def test_split_vectors_compute_the_reference(monkeypatch):
 
     monkeypatch.setattr(schedule, "MAX_VECTOR_LANES", 16)
     w = get_workload("mlp_gelu", tiny=True)
-    part = partition_of_default(w)
+    part = _default_partition(w)
     knobs = {"t0": 8, "t1": 8, "parallel": 1, "epilogue_at": 0, "vector": True}
     plan = w.partition_plan(part, True, "rows", [dict(knobs) for _ in part])
     assert "for ax1_1 in T.vectorized(T.int64(16))" in _scheduled_text(w, plan)  # the row loop, split
@@ -232,7 +232,7 @@ def test_vector_lanes_prefer_whole_avx512_registers():
     assert [_vector_lanes(n) for n in (3072, 768, 96, 100, 127)] == [64, 64, 48, 50, 0]
 
 
-def partition_of_default(w):
+def _default_partition(w):
     from autofuse.build import partition_of
 
     return partition_of(w.graph(True), w.reference_plan("default"))

@@ -4,7 +4,7 @@ wall time (autofuse, random search, MetaSchedule); best-so-far vs candidates mea
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autofuse.bench.columns import COLUMNS
 
@@ -44,53 +44,55 @@ def _plot_speedups(report: dict[str, Any], spaces: list[str], peers: list[str], 
     ax.set_title(f"autofuse speedup over peers (>1: autofuse faster)\n{report['date']}, "
                  f"tuning budget {report['budget_s']:.0f} s", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, path, plt)
 
 
 def _plot_search(results: list[dict[str, Any]], path: Path, plt: Any) -> str:
     """Best-so-far against wall time: autofuse (and random search) vs MetaSchedule."""
-    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3), squeeze=False)
-    for ax, r in zip(axes[0], results):
+    def curves(r: dict[str, Any]) -> list[tuple[str, list]]:
         model = "autofuse_model_job" in r
-        for key, label in (("autofuse_curve", "autofuse (sum of region bests)" if model else "autofuse TPE (measured)"),
-                           ("random_curve", "autofuse random (measured)"),
-                           ("metaschedule_curve", "MetaSchedule (sum of task bests)")):
-            curve = [(t, v) for t, v in r.get(key) or [] if v < 1e9]  # no failed-task sentinels
-            if curve:
-                ax.step([t for t, _ in curve], [v for _, v in curve], where="post", label=label)
-        ax.set_title(Path(r["space"]).stem, fontsize=9)
-        ax.set_xlabel("wall s")
-        ax.set_yscale("log")
-        if ax.lines:
-            ax.legend(fontsize=6)
-    return _save_panels(fig, axes, path, plt)
+        labels = (("autofuse_curve", "autofuse (sum of region bests)" if model else "autofuse TPE (measured)"),
+                  ("random_curve", "autofuse random (measured)"),
+                  ("metaschedule_curve", "MetaSchedule (sum of task bests)"))
+        return [(label, [(t, v) for t, v in r.get(key) or [] if v < 1e9])  # no failed-task sentinels
+                for key, label in labels]
 
-
-def _save_panels(fig: Any, axes: Any, path: Path, plt: Any) -> str:
-    """A row of best-so-far panels, written as PNG."""
-    axes[0][0].set_ylabel("best so far (ms)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return _plot_panels(results, curves, "wall s", path, plt)
 
 
 def _plot_trials(results: list[dict[str, Any]], path: Path, plt: Any) -> str:
     """Best-so-far against candidates measured: guided search and random search of the same space."""
+    def curves(r: dict[str, Any]) -> list[tuple[str, list]]:
+        return [("autofuse (TPE + mutations + cost model)", r["autofuse_trial_curve"]),
+                ("random search", r["random_trial_curve"])]
+
+    return _plot_panels(results, curves, "candidates measured", path, plt,
+                        mark=lambda r: (r.get("search_vs_random") or {}).get("equal_trials"))
+
+
+def _plot_panels(results: list[dict[str, Any]], curves: Callable[[dict[str, Any]], list[tuple[str, list]]],
+                 xlabel: str, path: Path, plt: Any, mark: Callable[[dict[str, Any]], Any] = lambda r: None) -> str:
+    """One best-so-far panel per space, log scale: each (label, curve) of ``curves(space)`` as
+    a step line, and a dotted vertical line at ``mark(space)`` where it is set."""
     fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3), squeeze=False)
     for ax, r in zip(axes[0], results):
-        for key, label in (("autofuse_trial_curve", "autofuse (TPE + mutations + cost model)"),
-                           ("random_trial_curve", "random search")):
-            curve = r[key]
-            ax.step([n for n, _ in curve], [v for _, v in curve], where="post", label=label)
-        n = (r.get("search_vs_random") or {}).get("equal_trials")
-        if n:
-            ax.axvline(n, color="grey", lw=0.6, ls=":")
+        for label, curve in curves(r):
+            if curve:
+                ax.step([x for x, _ in curve], [v for _, v in curve], where="post", label=label)
+        if mark(r):
+            ax.axvline(mark(r), color="grey", lw=0.6, ls=":")
         ax.set_title(Path(r["space"]).stem, fontsize=9)
-        ax.set_xlabel("candidates measured")
+        ax.set_xlabel(xlabel)
         ax.set_yscale("log")
-        ax.legend(fontsize=6)
-    return _save_panels(fig, axes, path, plt)
+        if ax.lines:
+            ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("best so far (ms)")
+    return _save(fig, path, plt)
+
+
+def _save(fig: Any, path: Path, plt: Any) -> str:
+    """Lay out and write a chart as PNG."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
