@@ -29,7 +29,7 @@ from autofuse.db import DEFAULT_URL, PlanDB
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
 from autofuse.cost_model import mark_prescreened, prescreen
-from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner
+from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner, value_of
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target
@@ -186,17 +186,18 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
             store_result(db, w.hash, target, host, plan, label, res, kind="trial", study=study.study_name,
                          trial_number=trial.number)
         timers.record += time.perf_counter() - t2
-        log.info("trial %d [%s] %s plan %s groups=%d %s%s", trial.number, label, res["status"], plan.hash,
+        log.info("trial %d [%s] %s plan %s groups=%d %s%s%s", trial.number, label, res["status"], plan.hash,
                  len(plan.groups), f"{res['median_ms']:.4f} ms" if res["status"] == OK else res.get("error", ""),
                  " (plan measured before, not again)" if res.get("repeat") else
-                 " (one run: far slower than the best)" if res["status"] == OK and res.get("repeats") == 1 else "")
+                 " (one run: far slower than the best)" if res["status"] == OK and res.get("repeats") == 1 else "",
+                 _confirm_text(res))
         if stop.requested or (deadline is not None and time.time() > deadline):
             study.stop()
         if res["status"] == REJECTED:
             raise optuna.TrialPruned(res.get("error", "rejected"))
         if res["status"] != OK:
             raise _CandidateFailed(f"{res['status']}: {res.get('error', '')}")
-        return float(res["median_ms"])
+        return value_of(res)
 
     callbacks: list[Any] = [mutation] if mutation is not None else []
     if progress is not None:
@@ -209,6 +210,17 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
         study.optimize(objective, timeout=cfg.timeout_s, callbacks=callbacks, catch=(_CandidateFailed,))
     db.close()
     return timers
+
+
+def _confirm_text(res: dict[str, Any]) -> str:
+    c = res.get("confirm")
+    if not c or res.get("repeat"):
+        return ""
+    if "error" in c:
+        return f"; timing it against the best failed ({c['error']}), its own median counts"
+    verdict = "new best" if c["faster"] else "not faster"
+    return (f"; against the best {c['vs']} side by side: {c['candidate_ms']:.4f} vs {c['incumbent_ms']:.4f} ms, "
+            f"{verdict}, scored {res['value_ms']:.4f} ms")
 
 
 class _CandidateFailed(Exception):

@@ -45,7 +45,7 @@ from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
 from autofuse.regions import model_regions, stitch, structure
 from autofuse.cost_model import mark_prescreened, prescreen
-from autofuse.runner import OK, CandidateLog, IsolatedRunner
+from autofuse.runner import OK, CandidateLog, IsolatedRunner, value_of
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target
@@ -167,6 +167,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
             if st.queued:
                 st.queued -= 1
             plan, _ = st.space.suggest(trial)
+            trial.set_user_attr("plan", plan.to_json())  # a resumed job compares new candidates against its best
             predicted = None if label != "tuned" or mutation is None else \
                 prescreen(mutation.model_for(st.study), trial.params, st.candidates.best_ms)
             if predicted is not None:  # the cost model expects it far slower than the region's best: not built
@@ -185,11 +186,11 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
                 store_result(db, st.w.hash, target, host, plan, label, res, kind="trial", study=study_name,
                              trial_number=done)
             if ok:
-                st.study.tell(trial, float(res["median_ms"]))
-                if st.best_ms is None or res["median_ms"] < st.best_ms:
-                    st.best_ms, st.best_plan = float(res["median_ms"]), plan
+                st.study.tell(trial, value_of(res))
+                if st.best_ms is None or value_of(res) < st.best_ms:
+                    st.best_ms, st.best_plan = value_of(res), plan
                 if label == "default":
-                    st.default_ms = float(res["median_ms"])
+                    st.default_ms = value_of(res)
             else:
                 st.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             st.trials += 1

@@ -11,8 +11,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import statistics
 import time
 import traceback
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +28,15 @@ OK, WRONG, REJECTED, BUILD_ERROR, TIMEOUT, CRASHED, ERROR = "ok", "wrong", "reje
 READY = "ready"  # a fresh worker has loaded the workload
 
 
-def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *, corrupt: bool = False) -> dict[str, Any]:
+def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *, corrupt: bool = False,
+                  keep_build: bool = False) -> dict[str, Any]:
     """Build, check and time ``plan`` here. Plan/schedule errors propagate to the caller.
 
     ``corrupt`` (fault injection only): after scheduling, the kernel that writes the
-    output is made to write only part of it, so the correctness check must catch it."""
-    from autofuse.build import build, compile_module, schedule_module
+    output is made to write only part of it, so the correctness check must catch it.
+    ``keep_build``: the built plan joins this process's few recent builds (a worker keeps
+    them for :func:`compare_plans`, which times a new best against the incumbent)."""
+    from autofuse.build import compile_module, schedule_module
 
     w.check_plan(plan)
     t0 = time.perf_counter()
@@ -39,21 +44,70 @@ def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *,
         ex = compile_module(_corrupt_output_kernel(schedule_module(w.graph(plan.fold_params), plan, target)), target,
                             plan.fast_math)
     else:
-        ex = build(w.graph(plan.fold_params), plan, target)
+        ex = _built(w, plan, target, keep_build)
     build_s = time.perf_counter() - t0
     acts, expected = w.check_data()
-    session = Session(ex, target)
-    inputs = w.runtime_inputs(plan.fold_params, acts)
     t1 = time.perf_counter()
-    try:
-        m = measure(session, inputs, expected, w.space.rtol, w.space.atol, cfg,
-                    timing_inputs=_timing_inputs(w, plan.fold_params))
-    finally:
-        del session
-        _scrub(ex, target, inputs)
+    m = _check_and_time(w, plan, ex, target, acts, expected, cfg)
     out = m.as_dict()
     out.update(status=OK if m.correct else WRONG, build_s=build_s, run_s=time.perf_counter() - t1)
     return out
+
+
+# Recently built plans of a worker process, newest last: the incumbent best and the latest
+# candidates, so that timing a new best against the incumbent rebuilds neither.
+_RECENT_BUILDS: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+RECENT_BUILDS_KEPT = 4
+
+
+def _built(w: Workload, plan: Plan, target: Target, keep: bool) -> Any:
+    from autofuse.build import build
+
+    key = (w.hash, plan.hash, target.spec_json)
+    if key in _RECENT_BUILDS:
+        _RECENT_BUILDS.move_to_end(key)
+        return _RECENT_BUILDS[key]
+    ex = build(w.graph(plan.fold_params), plan, target)
+    if keep:
+        _RECENT_BUILDS[key] = ex
+        while len(_RECENT_BUILDS) > RECENT_BUILDS_KEPT:
+            _RECENT_BUILDS.popitem(last=False)
+    return ex
+
+
+def _check_and_time(w: Workload, plan: Plan, ex: Any, target: Target, acts: Any, expected: Any,
+                    cfg: TimingConfig) -> Any:
+    """One verified measurement of a built plan in a fresh VM, scrubbed afterwards."""
+    session = Session(ex, target)
+    inputs = w.runtime_inputs(plan.fold_params, acts)
+    try:
+        return measure(session, inputs, expected, w.space.rtol, w.space.atol, cfg,
+                       timing_inputs=_timing_inputs(w, plan.fold_params))
+    finally:
+        del session
+        _scrub(ex, target, inputs)
+
+
+def compare_plans(w: Workload, plans: list[Plan], target: Target, cfg: TimingConfig, rounds: int) -> dict[str, Any]:
+    """Time ``plans`` interleaved, ``rounds`` times (A B, then B A, ...), each checked again.
+
+    On a shared machine a memory-bound kernel's time drifts from minute to minute by more
+    than good plans differ; timed side by side within a second or two, the plans share the
+    drift, so the ratio of their medians says which is faster where one timing cannot."""
+    for plan in plans:
+        w.check_plan(plan)
+    built = [_built(w, p, target, keep=True) for p in plans]
+    acts, expected = w.check_data()
+    samples: list[list[float]] = [[] for _ in plans]
+    for r in range(rounds):
+        order = list(range(len(plans)))
+        for i in order if r % 2 == 0 else order[::-1]:
+            m = _check_and_time(w, plans[i], built[i], target, acts, expected, cfg)
+            if not m.correct:
+                return {"status": WRONG, "correct": False, "error": f"plan {plans[i].hash}: {m.error}"}
+            samples[i].extend(m.samples_ms)
+    return {"status": OK, "correct": True, "samples_ms": samples,
+            "median_ms": [statistics.median(s) for s in samples]}
 
 
 def _timing_inputs(w: Workload, fold: bool) -> list[Any]:
@@ -93,7 +147,9 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         plan = Plan.from_json(task["plan"])
         target = parse_target(task["target"])
         cfg = TimingConfig(**task.get("timing", {}))
-        return evaluate_plan(w, plan, target, cfg, corrupt=corrupt)
+        if "compare_with" in task:
+            return compare_plans(w, [plan, Plan.from_json(task["compare_with"])], target, cfg, task["rounds"])
+        return evaluate_plan(w, plan, target, cfg, corrupt=corrupt, keep_build=True)
     except (PlanError, ScheduleRejected) as e:
         return {"status": REJECTED, "correct": False, "error": str(e), "build_s": time.perf_counter() - t0}
     except BuildError as e:
@@ -301,12 +357,20 @@ LIMIT_AFTER = 5  # accepted candidates before the time limit adapts
 LIMIT_FACTOR = 5.0  # time limit: this many times the 90th percentile of accepted candidates' seconds ...
 LIMIT_FLOOR_S = 5.0  # ... but never less than this
 CUTOFF_FACTOR = 5.0  # timing stops after one run for a candidate this many times slower than the best
+CONFIRM_ROUNDS = 3  # interleaved rounds that decide whether a candidate timed below the best is faster ...
+CONFIRM_MARGIN = 0.02  # ... by more than this share: closer is a tie, and a tie keeps the incumbent
+
+
+def value_of(res: dict[str, Any]) -> float:
+    """What a measured candidate scores in its study: its confirmed value when it was timed
+    against the incumbent best (see :meth:`CandidateLog.confirm`), else its median."""
+    return float(res.get("value_ms", res["median_ms"]))
 
 
 @dataclass
 class CandidateLog:
     """What one study knows about its candidates, so that a job spends its time on new,
-    promising ones.
+    promising ones, and a lucky timing does not become its best.
 
     - every plan's first result: a plan suggested again (samplers do, and different
       parameters can give the same plan) is not built and measured again;
@@ -314,17 +378,22 @@ class CandidateLog:
       times the 90th percentile of that (an LLVM compile that runs away), rather than
       after the job's configured limit, which stays the upper bound;
     - the best time: a candidate ``CUTOFF_FACTOR`` times slower is timed once, not
-      repeated (it cannot become the best).
+      repeated (it cannot become the best);
+    - the best plan: a candidate timed below the best is timed again side by side with
+      it before it takes its place (:meth:`confirm`).
     """
 
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: list[float] = field(default_factory=list)
     best_ms: float | None = None
+    best_hash: str | None = None
+    best_plan: str | None = None  # the best plan's JSON, to time new candidates against
 
     @classmethod
     def from_trials(cls, trials: list[Any]) -> CandidateLog:
-        """Rebuilt from a study's finished trials (their ``plan_hash``, ``status`` and
-        ``seconds`` attributes), so a resumed job does not repeat what it has measured."""
+        """Rebuilt from a study's finished trials (their ``plan_hash``, ``status``,
+        ``seconds`` and ``plan`` attributes), so a resumed job does not repeat what it has
+        measured, and goes on comparing against its best plan."""
         log = cls()
         for t in trials:
             h, status = t.user_attrs.get("plan_hash"), t.user_attrs.get("status")
@@ -335,13 +404,14 @@ class CandidateLog:
                 if t.value is None:
                     continue
                 res["median_ms"] = float(t.value)
-            log.record(h, res, t.user_attrs.get("seconds"))
+            log.record(h, res, t.user_attrs.get("seconds"), t.user_attrs.get("plan"))
         return log
 
     @staticmethod
     def mark(trial: Any, plan_hash: str, res: dict[str, Any]) -> None:
         """Write on ``trial`` what ``from_trials`` reads back: the plan, how it ended, its
-        error, and either that it was a repeat or how long it took."""
+        error, and either that it was a repeat or how long it took (and what timing it
+        against the incumbent showed)."""
         trial.set_user_attr("plan_hash", plan_hash)
         trial.set_user_attr("status", res["status"])
         if res.get("error"):
@@ -350,19 +420,21 @@ class CandidateLog:
             trial.set_user_attr("repeat", True)
         else:
             trial.set_user_attr("seconds", round(res["seconds"], 3))
+            if res.get("confirm"):
+                trial.set_user_attr("confirm", res["confirm"])
 
     def known(self, plan_hash: str) -> dict[str, Any] | None:
         """The earlier result of this plan, marked as a repeat; None for a new plan."""
         res = self.results.get(plan_hash)
         return None if res is None else {**res, "repeat": True}
 
-    def record(self, plan_hash: str, res: dict[str, Any], seconds: float | None) -> None:
+    def record(self, plan_hash: str, res: dict[str, Any], seconds: float | None, plan_json: str | None = None) -> None:
         self.results.setdefault(plan_hash, {k: v for k, v in res.items() if k != "samples_ms"})
         if res["status"] == OK and res.get("median_ms") is not None:
             if seconds is not None:
                 self.seconds.append(float(seconds))
-            if self.best_ms is None or res["median_ms"] < self.best_ms:
-                self.best_ms = float(res["median_ms"])
+            if self.best_ms is None or value_of(res) < self.best_ms:
+                self.best_ms, self.best_hash, self.best_plan = value_of(res), plan_hash, plan_json
 
     def time_limit_s(self, cap_s: float) -> float:
         if len(self.seconds) < LIMIT_AFTER:
@@ -376,17 +448,43 @@ class CandidateLog:
 
     def run(self, runner: IsolatedRunner, task: dict[str, Any], plan_hash: str, cap_s: float) -> dict[str, Any]:
         """The plan's result: the earlier one if it was measured before, else built and
-        measured now (within the adapted limits), with ``seconds`` it took."""
+        measured now (within the adapted limits), with ``seconds`` it took; one timed below
+        the best is confirmed against it first."""
         injected = bool(task.get("inject"))  # a test's fault: run it, and learn nothing from it
         known = None if injected else self.known(plan_hash)
         if known is not None:
             return known
         cutoff = self.cutoff_ms()
-        if cutoff is not None:
-            task = {**task, "timing": {**task.get("timing", {}), "cutoff_ms": cutoff}}
+        timed_task = task if cutoff is None else {**task, "timing": {**task.get("timing", {}), "cutoff_ms": cutoff}}
         t0 = time.perf_counter()
-        res = runner.run(task, timeout_s=self.time_limit_s(cap_s))
+        res = runner.run(timed_task, timeout_s=self.time_limit_s(cap_s))
         res["seconds"] = time.perf_counter() - t0
-        if not injected:
-            self.record(plan_hash, res, res["seconds"])
+        if injected:
+            return res
+        if (res["status"] == OK and self.best_ms is not None and self.best_plan is not None
+                and plan_hash != self.best_hash and res["median_ms"] < self.best_ms):
+            self.confirm(runner, task, res, cap_s)
+        self.record(plan_hash, res, res["seconds"], task.get("plan"))
         return res
+
+    def confirm(self, runner: IsolatedRunner, task: dict[str, Any], res: dict[str, Any], cap_s: float) -> None:
+        """Time a candidate that beat the best once against the best plan, interleaved for
+        ``CONFIRM_ROUNDS`` rounds, and score it on the incumbent's scale:
+        ``value_ms = best_ms * candidate median / incumbent median`` (both from those
+        rounds).  So it becomes the best only if it is faster in the same minutes, by what
+        it is faster then; a candidate timed in a quiet moment of a busy machine does not.
+        Faster by less than ``CONFIRM_MARGIN`` is a tie, scored ``best_ms``: otherwise each
+        of many tied candidates would get a chance to win on the comparison's own noise,
+        and the best's score would drift down with nothing faster found.
+        If the comparison itself fails, the candidate keeps its own median."""
+        assert self.best_ms is not None and self.best_plan is not None
+        limit = 2 * self.time_limit_s(cap_s)  # at most two builds (both are usually kept), then the rounds
+        cmp = runner.run({**task, "compare_with": self.best_plan, "rounds": CONFIRM_ROUNDS}, timeout_s=limit)
+        if cmp["status"] != OK:
+            res["confirm"] = {"vs": self.best_hash, "error": f"{cmp['status']}: {cmp.get('error', '')}"[:300]}
+            return
+        cand, inc = cmp["median_ms"]
+        faster = cand < (1.0 - CONFIRM_MARGIN) * inc
+        res["value_ms"] = self.best_ms * (cand / inc if faster else max(1.0, cand / inc))
+        res["confirm"] = {"vs": self.best_hash, "candidate_ms": cand, "incumbent_ms": inc, "rounds": CONFIRM_ROUNDS,
+                          "faster": faster}

@@ -6,7 +6,7 @@ import sqlite3
 import optuna
 import pytest
 
-from autofuse.runner import OK, TIMEOUT, CandidateLog, run_task
+from autofuse.runner import CONFIRM_ROUNDS, OK, TIMEOUT, CandidateLog, IsolatedRunner, run_task, value_of
 from autofuse.workload import get_workload
 
 
@@ -61,21 +61,56 @@ def test_time_limit_follows_accepted_candidates_within_the_configured_cap():
 
 
 def test_the_timing_cutoff_follows_the_best_time_and_reaches_the_worker():
-    runner = FakeRunner([{"status": OK, "median_ms": 4.0}, {"status": OK, "median_ms": 1.0}, {"status": OK, "median_ms": 9.0}])
+    runner = FakeRunner([{"status": OK, "median_ms": 4.0}, {"status": OK, "median_ms": 1.0},
+                         {"status": OK, "median_ms": [1.1, 4.4]}, {"status": OK, "median_ms": 9.0}])
     log = CandidateLog()
     log.run(runner, _task(), "a", 20.0)
     assert "cutoff_ms" not in runner.calls[0][0]["timing"]  # no best yet: full timing
     log.run(runner, _task(), "b", 20.0)
     assert runner.calls[1][0]["timing"]["cutoff_ms"] == 20.0  # 5 x 4.0
-    log.run(runner, _task(), "c", 20.0)
-    assert runner.calls[2][0]["timing"] == {"repeats": 3, "cutoff_ms": 5.0}  # 5 x 1.0, other settings kept
+    log.run(runner, _task(), "c", 20.0)  # (calls[2]: b timed against a, 4x faster)
+    assert runner.calls[3][0]["timing"] == {"repeats": 3, "cutoff_ms": 5.0}  # 5 x 1.0, other settings kept
     assert log.best_ms == 1.0
+
+
+def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by_side():
+    runner = FakeRunner([{"status": OK, "median_ms": 4.0},
+                         {"status": OK, "median_ms": 1.0}, {"status": OK, "median_ms": [2.2, 2.0]},  # lucky once
+                         {"status": OK, "median_ms": 3.0}, {"status": OK, "median_ms": [1.0, 2.0]},  # really faster
+                         {"status": OK, "median_ms": 2.5},
+                         {"status": OK, "median_ms": 1.5}, {"status": OK, "median_ms": [1.98, 2.0]}])
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
+    lucky = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
+    compare_task = runner.calls[2][0]
+    assert compare_task["plan"] == '{"p":"b"}' and compare_task["compare_with"] == '{"p":"a"}'
+    assert compare_task["rounds"] == CONFIRM_ROUNDS and "cutoff_ms" not in compare_task["timing"]
+    assert lucky["median_ms"] == 1.0 and value_of(lucky) == pytest.approx(4.4)  # 10% slower than a, on a's scale
+    assert not lucky["confirm"]["faster"] and (log.best_ms, log.best_hash) == (4.0, "a")
+    faster = log.run(runner, _task(plan='{"p":"c"}'), "c", 20.0)
+    assert value_of(faster) == pytest.approx(2.0) and faster["confirm"]["faster"]
+    assert (log.best_ms, log.best_hash, log.best_plan) == (pytest.approx(2.0), "c", '{"p":"c"}')
+    slower = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)  # above the best: no comparison
+    assert value_of(slower) == 2.5 and "confirm" not in slower and len(runner.calls) == 6
+    tie = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0)  # 1% faster side by side: within the margin
+    assert value_of(tie) == pytest.approx(2.0) and not tie["confirm"]["faster"] and log.best_hash == "c"
+    assert value_of(log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)) == pytest.approx(4.4)  # a repeat keeps its score
+
+
+def test_a_failed_comparison_leaves_the_candidate_its_own_time():
+    runner = FakeRunner([{"status": OK, "median_ms": 4.0}, {"status": OK, "median_ms": 1.0},
+                         {"status": TIMEOUT, "error": "candidate timed out"}])
+    log = CandidateLog()
+    log.run(runner, _task(), "a", 20.0)
+    res = log.run(runner, _task(), "b", 20.0)
+    assert value_of(res) == 1.0 and "timed out" in res["confirm"]["error"] and log.best_hash == "b"
 
 
 def test_the_log_is_rebuilt_from_a_studys_trials():
     study = optuna.create_study()
     for h, status, value in (("a", OK, 3.0), ("b", OK, 1.5), ("c", TIMEOUT, None)):
         t = study.ask()
+        t.set_user_attr("plan", f"plan {h}")
         t.set_user_attr("plan_hash", h)
         t.set_user_attr("status", status)
         t.set_user_attr("seconds", 0.7)
@@ -90,6 +125,7 @@ def test_the_log_is_rebuilt_from_a_studys_trials():
     study.tell(t, 3.0)
     log = CandidateLog.from_trials(study.trials)
     assert log.best_ms == 1.5 and log.seconds == [0.7, 0.7]
+    assert (log.best_hash, log.best_plan) == ("b", "plan b")  # what a resumed job times new candidates against
     assert log.known("a")["median_ms"] == 3.0 and log.known("c")["status"] == TIMEOUT and log.known("d") is None
 
 
@@ -128,3 +164,24 @@ def test_a_plan_suggested_again_in_a_job_is_not_measured_again(tmp_path):
     (measured,) = con.execute("select count(*) from af_measurements where kind = 'trial' and study = ?",
                               (cfg.study_name(),)).fetchone()
     assert measured == len(trials) - 1
+
+
+def test_comparing_two_plans_in_a_worker_times_them_interleaved_on_kept_builds():
+    w = get_workload("ew_chain", True)
+    default, unfused = w.reference_plan("default").to_json(), w.reference_plan("unfused").to_json()
+    timing = {"repeats": 2, "min_repeat_ms": 1, "warmup": 1}
+    base = {"space": "ew_chain", "tiny": True, "target": "llvm", "timing": timing}
+    log = CandidateLog()
+    with IsolatedRunner(120.0) as runner:
+        first = log.run(runner, {**base, "plan": default}, w.reference_plan("default").hash, 120.0)
+        assert first["status"] == OK and log.best_plan == default
+        log.best_ms = 1e6  # as if the default plan had been timed in a busy moment: the next one is compared
+        second = log.run(runner, {**base, "plan": unfused}, w.reference_plan("unfused").hash, 120.0)
+    c = second["confirm"]
+    assert second["status"] == OK and "error" not in c and c["vs"] == w.reference_plan("default").hash
+    assert c["candidate_ms"] > 0 and c["incumbent_ms"] > 0
+    assert value_of(second) == pytest.approx(1e6 * c["candidate_ms"] / c["incumbent_ms"])
+    cmp = run_task({**base, "plan": unfused, "compare_with": default, "rounds": 3})
+    assert cmp["status"] == OK and [len(s) for s in cmp["samples_ms"]] == [6, 6]  # 3 rounds x 2 repeats each
+    bad = run_task({**base, "plan": unfused, "compare_with": '{"groups": "nonsense"}', "rounds": 1})
+    assert bad["status"] not in (OK,) and bad["error"]
