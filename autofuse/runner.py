@@ -388,6 +388,7 @@ class CandidateLog:
     best_ms: float | None = None
     best_hash: str | None = None
     best_plan: str | None = None  # the best plan's JSON, to time new candidates against
+    best_compared: bool = False  # the best's value comes from timing it side by side (not one lone timing)
 
     @classmethod
     def from_trials(cls, trials: list[Any]) -> CandidateLog:
@@ -404,6 +405,7 @@ class CandidateLog:
                 if t.value is None:
                     continue
                 res["median_ms"] = float(t.value)
+                res["confirm"] = t.user_attrs.get("confirm")
             log.record(h, res, t.user_attrs.get("seconds"), t.user_attrs.get("plan"))
         return log
 
@@ -435,6 +437,7 @@ class CandidateLog:
                 self.seconds.append(float(seconds))
             if self.best_ms is None or value_of(res) < self.best_ms:
                 self.best_ms, self.best_hash, self.best_plan = value_of(res), plan_hash, plan_json
+                self.best_compared = bool((res.get("confirm") or {}).get("faster"))
 
     def time_limit_s(self, cap_s: float) -> float:
         if len(self.seconds) < LIMIT_AFTER:
@@ -470,9 +473,12 @@ class CandidateLog:
     def confirm(self, runner: IsolatedRunner, task: dict[str, Any], res: dict[str, Any], cap_s: float) -> None:
         """Time a candidate that beat the best once against the best plan, interleaved for
         ``CONFIRM_ROUNDS`` rounds, and score it on the incumbent's scale:
-        ``value_ms = best_ms * candidate median / incumbent median`` (both from those
+        ``value_ms = base * candidate median / incumbent median`` (both from those
         rounds).  So it becomes the best only if it is faster in the same minutes, by what
         it is faster then; a candidate timed in a quiet moment of a busy machine does not.
+        ``base`` is the best's value, or, while that value is one lone timing (the first
+        plans of a job are timed in a fresh worker, often slow), the lower of it and the
+        incumbent's median in these rounds: the scale starts from a side-by-side timing.
         Faster by less than ``CONFIRM_MARGIN`` is a tie, scored ``best_ms``: otherwise each
         of many tied candidates would get a chance to win on the comparison's own noise,
         and the best's score would drift down with nothing faster found.
@@ -485,6 +491,10 @@ class CandidateLog:
             return
         cand, inc = cmp["median_ms"]
         faster = cand < (1.0 - CONFIRM_MARGIN) * inc
-        res["value_ms"] = self.best_ms * (cand / inc if faster else max(1.0, cand / inc))
+        if faster:
+            base = self.best_ms if self.best_compared else min(self.best_ms, inc)
+            res["value_ms"] = base * cand / inc
+        else:
+            res["value_ms"] = self.best_ms * max(1.0, cand / inc)
         res["confirm"] = {"vs": self.best_hash, "candidate_ms": cand, "incumbent_ms": inc, "rounds": CONFIRM_ROUNDS,
                           "faster": faster}

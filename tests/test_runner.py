@@ -78,7 +78,8 @@ def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by
                          {"status": OK, "median_ms": 1.0}, {"status": OK, "median_ms": [2.2, 2.0]},  # lucky once
                          {"status": OK, "median_ms": 3.0}, {"status": OK, "median_ms": [1.0, 2.0]},  # really faster
                          {"status": OK, "median_ms": 2.5},
-                         {"status": OK, "median_ms": 1.5}, {"status": OK, "median_ms": [1.98, 2.0]}])
+                         {"status": OK, "median_ms": 0.9}, {"status": OK, "median_ms": [0.99, 1.0]},  # a tie
+                         {"status": OK, "median_ms": 0.5}, {"status": OK, "median_ms": [1.6, 3.2]}])  # faster again
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     lucky = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
@@ -87,14 +88,34 @@ def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by
     assert compare_task["rounds"] == CONFIRM_ROUNDS and "cutoff_ms" not in compare_task["timing"]
     assert lucky["median_ms"] == 1.0 and value_of(lucky) == pytest.approx(4.4)  # 10% slower than a, on a's scale
     assert not lucky["confirm"]["faster"] and (log.best_ms, log.best_hash) == (4.0, "a")
+    # a's 4.0 was one lone timing, and a took 2.0 side by side: the scale starts from there
     faster = log.run(runner, _task(plan='{"p":"c"}'), "c", 20.0)
-    assert value_of(faster) == pytest.approx(2.0) and faster["confirm"]["faster"]
-    assert (log.best_ms, log.best_hash, log.best_plan) == (pytest.approx(2.0), "c", '{"p":"c"}')
+    assert value_of(faster) == pytest.approx(1.0) and faster["confirm"]["faster"]
+    assert (log.best_ms, log.best_hash, log.best_plan) == (pytest.approx(1.0), "c", '{"p":"c"}')
     slower = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)  # above the best: no comparison
     assert value_of(slower) == 2.5 and "confirm" not in slower and len(runner.calls) == 6
     tie = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0)  # 1% faster side by side: within the margin
-    assert value_of(tie) == pytest.approx(2.0) and not tie["confirm"]["faster"] and log.best_hash == "c"
+    assert value_of(tie) == pytest.approx(1.0) and not tie["confirm"]["faster"] and log.best_hash == "c"
+    # c's value came from a side-by-side timing: now the scale is kept, whatever the machine does
+    again = log.run(runner, _task(plan='{"p":"f"}'), "f", 20.0)
+    assert value_of(again) == pytest.approx(0.5) and log.best_hash == "f"
     assert value_of(log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)) == pytest.approx(4.4)  # a repeat keeps its score
+    rebuilt = _log_of_trials([("a", 4.0, None), ("f", 0.5, again["confirm"])])
+    assert rebuilt.best_hash == "f" and rebuilt.best_compared  # a resumed job keeps the scale too
+
+
+def _log_of_trials(rows):
+    study = optuna.create_study()
+    for h, value, confirm in rows:
+        t = study.ask()
+        t.set_user_attr("plan", f"plan {h}")
+        t.set_user_attr("plan_hash", h)
+        t.set_user_attr("status", OK)
+        t.set_user_attr("seconds", 0.5)
+        if confirm:
+            t.set_user_attr("confirm", confirm)
+        study.tell(t, value)
+    return CandidateLog.from_trials(study.trials)
 
 
 def test_a_failed_comparison_leaves_the_candidate_its_own_time():
@@ -180,7 +201,9 @@ def test_comparing_two_plans_in_a_worker_times_them_interleaved_on_kept_builds()
     c = second["confirm"]
     assert second["status"] == OK and "error" not in c and c["vs"] == w.reference_plan("default").hash
     assert c["candidate_ms"] > 0 and c["incumbent_ms"] > 0
-    assert value_of(second) == pytest.approx(1e6 * c["candidate_ms"] / c["incumbent_ms"])
+    ratio = c["candidate_ms"] / c["incumbent_ms"]
+    # the best's 1e6 is a lone timing: a faster candidate is scored from the side-by-side timing
+    assert value_of(second) == pytest.approx(c["candidate_ms"] if c["faster"] else 1e6 * max(1.0, ratio))
     cmp = run_task({**base, "plan": unfused, "compare_with": default, "rounds": 3})
     assert cmp["status"] == OK and [len(s) for s in cmp["samples_ms"]] == [6, 6]  # 3 rounds x 2 repeats each
     bad = run_task({**base, "plan": unfused, "compare_with": '{"groups": "nonsense"}', "rounds": 1})
