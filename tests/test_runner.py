@@ -22,6 +22,12 @@ class FakeRunner:
         return dict(self.results.pop(0))
 
 
+def _cmp(candidate_ms, incumbent_ms, rounds=None):
+    """A worker's answer to a side-by-side comparison: medians overall and per round."""
+    per_round = rounds or ([candidate_ms] * 3, [incumbent_ms] * 3)
+    return {"status": OK, "median_ms": [candidate_ms, incumbent_ms], "round_ms": list(per_round)}
+
+
 def _task(**extra):
     return {"space": "ew_chain", "plan": "{}", "timing": {"repeats": 3}, **extra}
 
@@ -62,7 +68,7 @@ def test_time_limit_follows_accepted_candidates_within_the_configured_cap():
 
 def test_the_timing_cutoff_follows_the_best_time_and_reaches_the_worker():
     runner = FakeRunner([{"status": OK, "median_ms": 4.0}, {"status": OK, "median_ms": 1.0},
-                         {"status": OK, "median_ms": [1.1, 4.4]}, {"status": OK, "median_ms": 9.0}])
+                         _cmp(1.1, 4.4), {"status": OK, "median_ms": 9.0}])
     log = CandidateLog()
     log.run(runner, _task(), "a", 20.0)
     assert "cutoff_ms" not in runner.calls[0][0]["timing"]  # no best yet: full timing
@@ -75,11 +81,13 @@ def test_the_timing_cutoff_follows_the_best_time_and_reaches_the_worker():
 
 def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by_side():
     runner = FakeRunner([{"status": OK, "median_ms": 4.0},
-                         {"status": OK, "median_ms": 1.0}, {"status": OK, "median_ms": [2.2, 2.0]},  # lucky once
-                         {"status": OK, "median_ms": 3.0}, {"status": OK, "median_ms": [1.0, 2.0]},  # really faster
+                         {"status": OK, "median_ms": 1.0}, _cmp(2.2, 2.0),  # lucky once
+                         {"status": OK, "median_ms": 3.0}, _cmp(1.0, 2.0),  # really faster
                          {"status": OK, "median_ms": 2.5},
-                         {"status": OK, "median_ms": 0.9}, {"status": OK, "median_ms": [0.99, 1.0]},  # a tie
-                         {"status": OK, "median_ms": 0.5}, {"status": OK, "median_ms": [1.6, 3.2]}])  # faster again
+                         {"status": OK, "median_ms": 0.9}, _cmp(0.99, 1.0),  # a tie
+                         {"status": OK, "median_ms": 0.5},  # 10% faster overall, but slower in one round
+                         _cmp(0.9, 1.0, rounds=([0.8, 0.9, 1.05], [1.0, 1.0, 1.0])),
+                         {"status": OK, "median_ms": 0.5}, _cmp(1.6, 3.2)])  # faster again
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     lucky = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
@@ -96,6 +104,8 @@ def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by
     assert value_of(slower) == 2.5 and "confirm" not in slower and len(runner.calls) == 6
     tie = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0)  # 1% faster side by side: within the margin
     assert value_of(tie) == pytest.approx(1.0) and not tie["confirm"]["faster"] and log.best_hash == "c"
+    mixed = log.run(runner, _task(plan='{"p":"g"}'), "g", 20.0)
+    assert value_of(mixed) == pytest.approx(1.0) and not mixed["confirm"]["faster"] and log.best_hash == "c"
     # c's value came from a side-by-side timing: now the scale is kept, whatever the machine does
     again = log.run(runner, _task(plan='{"p":"f"}'), "f", 20.0)
     assert value_of(again) == pytest.approx(0.5) and log.best_hash == "f"
@@ -206,5 +216,6 @@ def test_comparing_two_plans_in_a_worker_times_them_interleaved_on_kept_builds()
     assert value_of(second) == pytest.approx(c["candidate_ms"] if c["faster"] else 1e6 * max(1.0, ratio))
     cmp = run_task({**base, "plan": unfused, "compare_with": default, "rounds": 3})
     assert cmp["status"] == OK and [len(s) for s in cmp["samples_ms"]] == [6, 6]  # 3 rounds x 2 repeats each
+    assert [len(r) for r in cmp["round_ms"]] == [3, 3]
     bad = run_task({**base, "plan": unfused, "compare_with": '{"groups": "nonsense"}', "rounds": 1})
     assert bad["status"] not in (OK,) and bad["error"]
