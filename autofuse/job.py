@@ -417,22 +417,30 @@ def run_job(cfg: JobConfig, progress_factory: Any = None) -> JobResult:
     return _summarize(cfg, study, before, wall, timers, final, stop.requested, logpath)
 
 
+def final_candidates(complete: list[optuna.trial.FrozenTrial], top_k: int) -> dict[str, tuple[str, str]]:
+    """plan hash -> (plan JSON, label) of the plans a job re-measures at its end: the
+    ``top_k`` best-scored plans (whatever found them: sampler, seed, mutation) and the
+    references, whatever their rank (and named so if the search re-found them)."""
+    chosen: dict[str, tuple[str, str]] = {}
+    for t in sorted(complete, key=lambda t: t.value):
+        if len(chosen) == top_k:
+            break
+        h = t.user_attrs.get("plan_hash")
+        if h and h not in chosen and t.user_attrs.get("label") not in REFERENCE_PLANS:
+            chosen[h] = (t.user_attrs["plan"], t.user_attrs.get("label", "tuned"))
+    for t in complete:
+        label = t.user_attrs.get("label")
+        if label in REFERENCE_PLANS:
+            chosen[t.user_attrs["plan_hash"]] = (t.user_attrs["plan"], label)
+    return chosen
+
+
 def final_remeasure(cfg: JobConfig, study: optuna.Study) -> list[dict[str, Any]]:
     """Re-measure the top-k plans and the references together, interleaved, with more repeats."""
     w = get_workload(cfg.space, cfg.tiny)
     target = cfg.target_obj()
     host = host_fingerprint()
-    done = sorted((t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))),
-                  key=lambda t: t.value)
-    chosen: dict[str, tuple[str, str]] = {}
-    for t in done:
-        h = t.user_attrs.get("plan_hash")
-        if h and h not in chosen and len([c for c in chosen.values() if c[1] == "tuned"]) < cfg.top_k:
-            chosen[h] = (t.user_attrs["plan"], t.user_attrs.get("label", "tuned"))
-    for t in done:  # the references, whatever their rank (and named so if the search re-found them)
-        label = t.user_attrs.get("label")
-        if label in REFERENCE_PLANS:
-            chosen[t.user_attrs["plan_hash"]] = (t.user_attrs["plan"], label)
+    chosen = final_candidates(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)), cfg.top_k)
     if not chosen:
         return []
     samples: dict[str, list[float]] = {h: [] for h in chosen}

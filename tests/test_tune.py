@@ -250,3 +250,18 @@ def test_a_study_made_with_another_search_space_fails_in_one_clear_error(tmp_pat
     with pytest.raises(SpaceChanged, match="'old-space' holds parameter 'fold_params' with other choices") as e:
         PlanSpace(get_workload("ew_chain", tiny=True)).suggest(study.ask())
     assert classify(e.value) == 2
+
+
+def test_the_final_remeasurement_takes_the_top_k_plans_whatever_found_them_and_the_references():
+    from autofuse.job import final_candidates
+
+    def trial(h, label, value):
+        return optuna.trial.create_trial(value=value, user_attrs={"plan_hash": h, "plan": f"plan {h}", "label": label})
+
+    complete = [trial("u", "unfused", 9.0), trial("d", "default", 1.0), trial("m1", "mutation", 1.0),
+                trial("m2", "mutation", 1.0), trial("s", "seed:inline", 1.2), trial("t", "tuned", 1.1),
+                trial("m1", "mutation", 1.0), trial("m3", "mutation", 1.5)]
+    chosen = final_candidates(complete, top_k=3)
+    # tied best scores (a tie keeps the incumbent's score) must not crowd in every mutation
+    assert set(chosen) == {"m1", "m2", "t", "u", "d"}
+    assert chosen["d"] == ("plan d", "default") and chosen["m1"] == ("plan m1", "mutation")
