@@ -278,7 +278,11 @@ def _worker_main(conn: Any, mem_limit_mb: int | None) -> None:
             return
         if task is None:
             return
-        conn.send(_prepare(task["prepare"]) if "prepare" in task else run_task(task))
+        result = _prepare(task["prepare"]) if "prepare" in task else run_task(task)
+        try:
+            conn.send(result)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the job is gone (killed, or it gave up on this task): nobody to answer, no traceback
 
 
 class IsolatedRunner:

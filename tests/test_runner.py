@@ -219,3 +219,26 @@ def test_comparing_two_plans_in_a_worker_times_them_interleaved_on_kept_builds()
     assert [len(r) for r in cmp["round_ms"]] == [3, 3]
     bad = run_task({**base, "plan": unfused, "compare_with": '{"groups": "nonsense"}', "rounds": 1})
     assert bad["status"] not in (OK,) and bad["error"]
+
+
+def test_a_worker_whose_job_is_gone_exits_quietly(capfd):
+    import signal
+
+    from autofuse.runner import _worker_main
+
+    class GoneJob:  # the job was killed while the worker built its candidate
+        def __init__(self):
+            self.tasks = [{"space": "ew_chain", "tiny": True, "plan": "not a plan", "target": "llvm"}]
+
+        def recv(self):
+            return self.tasks.pop(0)
+
+        def send(self, _result):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        _worker_main(GoneJob(), None)  # returns: no BrokenPipeError, no traceback on stderr
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert "Traceback" not in capfd.readouterr().err
