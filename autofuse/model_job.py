@@ -186,11 +186,12 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
                 store_result(db, st.w.hash, target, host, plan, label, res, kind="trial", study=study_name,
                              trial_number=done)
             if ok:
-                st.study.tell(trial, value_of(res))
-                if st.best_ms is None or value_of(res) < st.best_ms:
-                    st.best_ms, st.best_plan = value_of(res), plan
+                value = value_of(res)
+                st.study.tell(trial, value)
+                if st.best_ms is None or value < st.best_ms:
+                    st.best_ms, st.best_plan = value, plan
                 if label == "default":
-                    st.default_ms = value_of(res)
+                    st.default_ms = value
             else:
                 st.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             st.trials += 1

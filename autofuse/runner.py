@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofuse.measure import Session, TimingConfig, measure
+from autofuse.measure import Measurement, Session, TimingConfig, measure
 from autofuse.plan import Plan, PlanError
 from autofuse.target import Target, parse_target
 from autofuse.workload import Workload, get_workload
@@ -76,7 +76,7 @@ def _built(w: Workload, plan: Plan, target: Target, keep: bool) -> Any:
 
 
 def _check_and_time(w: Workload, plan: Plan, ex: Any, target: Target, acts: Any, expected: Any,
-                    cfg: TimingConfig) -> Any:
+                    cfg: TimingConfig) -> Measurement:
     """One verified measurement of a built plan in a fresh VM, scrubbed afterwards."""
     session = Session(ex, target)
     inputs = w.runtime_inputs(plan.fold_params, acts)
