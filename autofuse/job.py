@@ -151,6 +151,8 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
     candidates = CandidateLog.from_trials(study.get_trials(deepcopy=False))
     mutation = mutation_for(cfg.sampler, cfg.mutation_rate, None if cfg.seed is None else cfg.seed + 1000 * worker_id,
                             max_trials=cfg.trials)
+    if mutation is not None:
+        mutation.use_space(study.study_name, space)
 
     def objective(trial: optuna.Trial) -> float:
         t0 = time.perf_counter()

@@ -63,6 +63,9 @@ def knob_param(g: Graph, fold: bool, anchor: int, knob: str) -> str:
     return f"{_variant(fold)}:{g.ops[anchor].name}:{knob}"
 
 
+_DEFAULT = object()  # a choice left at its default (see PlanSpace.complete)
+
+
 class PlanSpace:
     """The search space of one workload: how a trial samples a plan, and the params of a given plan."""
 
@@ -72,16 +75,42 @@ class PlanSpace:
 
     def suggest(self, trial: optuna.Trial) -> tuple[Plan, list[str]]:
         """Sample a plan; returns it with the list of fuse decisions the repair had to cut."""
-        fold = _pick(trial, "fold_params", [True, False])
+        return self._plan(lambda name, values: _pick(trial, name, values))
+
+    def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The full params of the plan that ``params`` describe, what they lack at its default:
+        a fuse decision as in the default partition, a knob at the group's default.  A
+        mutation that turns a fuse decision makes a group whose knobs the best plan never
+        had; enqueued without them, the sampler drew them, so the same partial params looked
+        new each time they were drawn and the same plan was queued again and again (NOTES 22).
+        The params unchanged when a default is outside this space."""
+        def given(name: str, _values: list[Any]) -> Any:
+            return params.get(name, _DEFAULT)
+
+        try:
+            return self.params_of(self._plan(given)[0])
+        except PlanError:
+            return dict(params)
+
+    def _plan(self, pick: Any) -> tuple[Plan, list[str]]:
+        """The plan named by ``pick(param name, choices)``; a pick of ``_DEFAULT`` leaves
+        that choice at its default."""
+        fold = pick("fold_params", [True, False])
+        fold = True if fold is _DEFAULT else fold
         g = self.workload.graph(fold)
-        fast = _pick(trial, "fast_math", [False, True]) if g.uses_transcendentals else False
+        fast = pick("fast_math", [False, True]) if g.uses_transcendentals else False
+        fast = False if fast is _DEFAULT else fast
         dag = g.dag()
-        choices = [_pick(trial, decision_param(g, fold, d), [False, True]) for d in decisions(dag)]
+        choices = [pick(decision_param(g, fold, d), [False, True]) for d in decisions(dag)]
+        if _DEFAULT in choices:
+            default = choices_for(dag, partition_of(g, self.workload.reference_plan("default", fold)))
+            choices = [dc if c is _DEFAULT else c for c, dc in zip(choices, default)]
         part, repairs = partition_from_choices(dag, choices)
         schedules = []
         for group in part:
             a, _, space = self._group_space(g, group)
-            schedules.append({k: _pick(trial, knob_param(g, fold, a, k), values) for k, values in space.items()})
+            picked = {k: pick(knob_param(g, fold, a, k), values) for k, values in space.items()}
+            schedules.append({k: v for k, v in picked.items() if v is not _DEFAULT})
         return self.workload.partition_plan(part, fold, "tuned", schedules, fast), repairs
 
     def params_of(self, plan: Plan) -> dict[str, Any]:
@@ -204,6 +233,12 @@ class LocalMutation:
         self.max_trials = max_trials  # the study's budget: nothing is queued past it
         self.use_model = use_model and cost_model.available()
         self.models: dict[str, cost_model.CostModel] = {}
+        self.spaces: dict[str, PlanSpace] = {}  # by study name: completes mutated params (PlanSpace.complete)
+
+    def use_space(self, study_name: str, space: PlanSpace) -> None:
+        """Mutations in this study are completed by ``space`` before they are compared with
+        what was measured and queued (without it they stay partial, as in a plain study)."""
+        self.spaces[study_name] = space
 
     def model_for(self, study: optuna.Study) -> cost_model.CostModel | None:
         """The study's cost model (fit as trials complete), or None when models are off."""
@@ -228,11 +263,14 @@ class LocalMutation:
         model = self.model_for(study)
         ready = model is not None and model.update(trials)
         seen = [t.params for t in trials]
+        space = self.spaces.get(study.study_name)
         pool: list[dict[str, Any]] = []
         for _ in range(2 * POOL_SIZE if ready else 8):  # a few tries for plans not measured yet
             params = self.mutate(best.params, best.distributions)
             if params is None:
                 return
+            if space is not None:
+                params = space.complete(params)
             if params not in seen and params not in pool:
                 pool.append(params)
                 if not ready or len(pool) == POOL_SIZE:

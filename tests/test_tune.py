@@ -234,6 +234,46 @@ def test_local_mutation_queues_a_neighbour_of_the_best_trial():
     assert steps.count(1) > len(steps) / 2  # mostly a neighbouring tile
 
 
+def test_a_mutation_that_cuts_a_fused_group_is_queued_whole_and_never_twice():
+    """Turning a fuse decision makes a group the best plan had no knobs for.  The mutation
+    step completes such params (new knobs at their defaults) before it compares them with
+    what was measured: queued partial, the sampler filled the knobs in the same way every
+    time, and one plan was queued over and over (NOTES 22)."""
+    from autofuse.search import LocalMutation, PlanSpace
+    from autofuse.workload import get_workload
+
+    w = get_workload("gemm_bn", tiny=True)
+    space = PlanSpace(w)
+    default = w.reference_plan("default")
+    best = space.params_of(default)
+    cut = next(k for k, v in best.items() if ":fuse:" in k and v)
+    partial = {**best, cut: False}
+    with pytest.raises(ValueError):  # a FixedTrial, like an enqueued trial, has no value for the new group's knobs
+        space.suggest(optuna.trial.FixedTrial(partial))
+    whole = space.complete(partial)
+    assert all(whole[k] == v for k, v in partial.items() if k in whole)  # knobs the cut group lost are gone
+    assert set(whole) - set(partial)  # the new group's knobs
+    plan, _ = space.suggest(optuna.trial.FixedTrial(whole))
+    assert len(plan.groups) == len(default.groups) + 1
+    assert space.complete(whole) == whole and space.complete(best) == best
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    mut = LocalMutation(rate=1.0, seed=3, use_model=False)
+    mut.use_space(study.study_name, space)
+    study.enqueue_trial(best)
+    for _ in range(30):  # every queued mutation is a whole plan, and a new one
+        waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+        queued = waiting[0].system_attrs["fixed_params"] if waiting else None
+        trial = study.ask()
+        space.suggest(trial)
+        study.tell(trial, 1.0 if queued is None or queued == best else 2.0)
+        if queued is not None and queued != best:
+            assert queued == trial.params
+        mut(study, study.trials[-1])
+    params = [t.params for t in study.trials]
+    assert len({json.dumps(p, sort_keys=True) for p in params}) == len(params)
+
+
 def test_a_study_made_with_another_search_space_fails_in_one_clear_error(tmp_path):
     """A study whose parameter has other choices (made by an autofuse with another space) cannot
     be continued by Optuna; the job says so in one line (exit 2) instead of Optuna's ValueError."""
