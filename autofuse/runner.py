@@ -15,6 +15,7 @@ import statistics
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,9 +56,18 @@ def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *,
 
 
 # Recently built plans of a worker process, newest last: the incumbent best and the latest
-# candidates, so that timing a new best against the incumbent rebuilds neither.
+# candidates, so that timing a new best against the incumbent rebuilds neither, and the
+# plans of a job's final re-measurement (top-k and two references), so its rounds rebuild none.
 _RECENT_BUILDS: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
-RECENT_BUILDS_KEPT = 4
+RECENT_BUILDS_KEPT = 8
+
+
+def interleaved(n: int, rounds: int) -> Iterator[int]:
+    """The order in which ``n`` plans are timed over ``rounds`` rounds: A B C, then C B A, ...
+    Each plan is timed as often early as late in every pair of rounds, so a drift of the
+    machine's speed during the rounds does not favour the plans timed first."""
+    for r in range(rounds):
+        yield from (range(n) if r % 2 == 0 else range(n - 1, -1, -1))
 
 
 def _built(w: Workload, plan: Plan, target: Target, keep: bool) -> Any:
@@ -100,14 +110,12 @@ def compare_plans(w: Workload, plans: list[Plan], target: Target, cfg: TimingCon
     acts, expected = w.check_data()
     samples: list[list[float]] = [[] for _ in plans]
     by_round: list[list[float]] = [[] for _ in plans]
-    for r in range(rounds):
-        order = list(range(len(plans)))
-        for i in order if r % 2 == 0 else order[::-1]:
-            m = _check_and_time(w, plans[i], built[i], target, acts, expected, cfg)
-            if not m.correct:
-                return {"status": WRONG, "correct": False, "error": f"plan {plans[i].hash}: {m.error}"}
-            samples[i].extend(m.samples_ms)
-            by_round[i].append(m.median_ms)
+    for i in interleaved(len(plans), rounds):
+        m = _check_and_time(w, plans[i], built[i], target, acts, expected, cfg)
+        if not m.correct:
+            return {"status": WRONG, "correct": False, "error": f"plan {plans[i].hash}: {m.error}"}
+        samples[i].extend(m.samples_ms)
+        by_round[i].append(m.median_ms)
     return {"status": OK, "correct": True, "samples_ms": samples, "round_ms": by_round,
             "median_ms": [statistics.median(s) for s in samples]}
 

@@ -7,6 +7,7 @@ import optuna
 import pytest
 
 from autofuse.runner import CONFIRM_ROUNDS, OK, TIMEOUT, CandidateLog, IsolatedRunner, run_task, value_of
+from autofuse.target import parse_target
 from autofuse.workload import get_workload
 
 
@@ -242,3 +243,25 @@ def test_a_worker_whose_job_is_gone_exits_quietly(capfd):
     finally:
         signal.signal(signal.SIGINT, before)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_plans_are_timed_in_rounds_that_alternate_their_order(monkeypatch):
+    """Side-by-side comparisons and the final re-measurement time plans A B C, then C B A:
+    each plan as often early as late, and the plans of one round still built in the next."""
+    import autofuse.build
+    from autofuse import runner as runner_mod
+    from autofuse.runner import interleaved
+
+    assert list(interleaved(3, 3)) == [0, 1, 2, 2, 1, 0, 0, 1, 2]
+    assert list(interleaved(2, 0)) == []
+    # a final re-measurement (default top-k 3 and the two references) builds each plan once
+    w = get_workload("ew_chain", tiny=True)
+    plans = [w.partition_plan(((0, 1, 2, 3),), True, f"p{t}", [{"t0": t}]) for t in (1, 2, 4)]
+    plans += [w.reference_plan("unfused"), w.reference_plan("default")]
+    built = []
+    monkeypatch.setattr(autofuse.build, "build", lambda g, plan, target: built.append(plan.hash) or plan.hash)
+    monkeypatch.setattr(runner_mod, "_RECENT_BUILDS", type(runner_mod._RECENT_BUILDS)())
+    target = parse_target('{"kind": "llvm"}')
+    for i in interleaved(len(plans), 3):
+        assert runner_mod._built(w, plans[i], target, keep=True) == plans[i].hash
+    assert sorted(built) == sorted(p.hash for p in plans)
