@@ -53,7 +53,7 @@ class JobConfig:
     workers: int = 1
     resume: bool = False
     warm_start: bool = True  # a new study measures the DB's best plan for the workload early
-    mutation_rate: float = 0.5  # share of trials that mutate the best plan (none with sampler "random")
+    mutation_rate: float = 0.75  # share of trials that mutate the best plan (none with sampler "random"); NOTES 22
     timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=20, warmup=1))
     final_timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=50, warmup=2))
     candidate_timeout_s: float = 300.0

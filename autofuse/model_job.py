@@ -8,8 +8,8 @@
    from the TVM default plan and, when the plan DB already has a verified plan for the
    region (from an earlier job), from that plan too, then the schedule templates of
    ``PlanSpace.seed_trials`` (all enqueued; every region measures its default before
-   any region its second plan).  After that, half the trials of a region mutate its
-   best plan (``LocalMutation``), the other half come from the sampler; and when a region
+   any region its second plan).  After that, three trials in four of a region mutate its
+   best plan (``LocalMutation``), the others come from the sampler; and when a region
    of the same structure (``regions.structure``: the same ops, other shapes) has found a
    better plan, that plan, carried over, is measured first (label ``similar``).
 3. The rest of the trial budget goes, one trial at a time, to the region with the
@@ -68,7 +68,7 @@ class ModelTuneConfig:
     candidate_timeout_s: float = 300.0
     mem_limit_mb: int | None = None
     window: int = 3  # trials over which a region's improvement is measured
-    mutation_rate: float = 0.5  # share of a region's trials that mutate its best plan (none with "random")
+    mutation_rate: float = 0.75  # share of a region's trials that mutate its best plan (none with "random"); NOTES 22
 
 
 def region_spec(model_spec: str, h: str) -> str:
