@@ -229,6 +229,8 @@ def register(group: click.Group) -> click.Group:
     def history(space: str, target_text: str, output: str, tiny: bool, db_url: str, as_json: bool) -> None:
         """Plot the tuning history of SPACE on a target (best-so-far latency per trial and over time)."""
         from autofuse.history import history_series, plot_history
+        from autofuse.db import normalize_url
+        from autofuse.storage import trial_scores
         from autofuse.target import parse_target
         from autofuse.workload import get_workload
 
@@ -242,8 +244,9 @@ def register(group: click.Group) -> click.Group:
         trials = [r for r in rows if r.kind == "trial"]
         if not trials:
             _fail(f"no tuning trials for {w.name} on {target.kind} in {db.url}")
-        path = plot_history(trials, output, title=f"{w.name} on {_target_short(target.spec)}")
-        series = history_series(trials)
+        scores = trial_scores(normalize_url(db_url), {r.study for r in trials if r.study})
+        path = plot_history(trials, output, title=f"{w.name} on {_target_short(target.spec)}", scores=scores)
+        series = history_series(trials, scores)
         bests = [h.best for h in series if h.best is not None]
         out = {
             "space": space, "workload": w.name, "workload_hash": w.hash, "target": target.spec,

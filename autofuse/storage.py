@@ -93,3 +93,29 @@ def _begin_immediate(engine: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     engine.dispose()  # connections made while Optuna set up its tables get the hooks too
+
+
+def trial_scores(db_url: str, study_names: set[str]) -> dict[str, dict[int, float]]:
+    """study name -> trial number -> the trial's value (its score: a new best's time as
+    confirmed side by side with the incumbent, see ``CandidateLog.confirm``) for those of
+    ``study_names`` that are Optuna studies in this database.  Reads only: nothing when the
+    database has no Optuna tables (opening Optuna's storage would create them), or Optuna
+    cannot read them (another Optuna's schema): the caller falls back to the lone timings."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(db_url)
+    try:
+        if not sa.inspect(engine).has_table("studies"):
+            return {}
+        storage = optuna.storages.RDBStorage(db_url, skip_table_creation=True)
+        known = {s.study_name for s in storage.get_all_studies()}
+        out: dict[str, dict[int, float]] = {}
+        for name in sorted(study_names & known):
+            trials = storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False,
+                                            states=(TrialState.COMPLETE,))
+            out[name] = {t.number: float(t.value) for t in trials if t.value is not None}
+        return out
+    except (sa.exc.SQLAlchemyError, RuntimeError, ValueError):
+        return {}
+    finally:
+        engine.dispose()

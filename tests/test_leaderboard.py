@@ -7,6 +7,7 @@ import io
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 from helpers import assert_clean_error, cli, cli_json
 from test_deploy import build_db, measured, store, tuned_plan
@@ -187,5 +188,27 @@ def test_plot_history_several_studies(tmp_path):
     assert series["tpe"].elapsed_s[:2] == [0.0, 3.0]
     path = plot_history(rows, tmp_path / "h.png", title="two studies")
     assert path.read_bytes()[:8] == PNG_MAGIC
+    # trial 1 timed 9 ms alone, but side by side with the best it scored 9.5: the curve follows the score
+    scored = {h.study: h for h in history_series(rows, {"tpe": {1: 9.5, 4: 5.5}})}
+    assert scored["tpe"].best_ms == [10, 9.5, 7, 5.5, 5] and scored["random"].best_ms == series["random"].best_ms
     with pytest.raises(ValueError):
         plot_history([rows[-1]], tmp_path / "none.png")
+
+
+def test_trial_scores_come_from_the_optuna_studies_in_the_database(tmp_path):
+    """``history`` draws a job's curve from its trials' scores; a database without Optuna's
+    tables gives none and gets none."""
+    import sqlalchemy as sa
+
+    from autofuse.storage import trial_scores
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    study = optuna.create_study(study_name="job", storage=url)
+    for v in (3.0, 2.0):
+        study.add_trial(optuna.trial.create_trial(value=v))
+    assert trial_scores(url, {"job", "other"}) == {"job": {0: 3.0, 1: 2.0}}
+    bare = f"sqlite:///{tmp_path / 'bare.db'}"
+    with sa.create_engine(bare).begin() as c:
+        c.execute(sa.text("create table t (x int)"))
+    assert trial_scores(bare, {"job"}) == {}
+    assert sa.inspect(sa.create_engine(bare)).get_table_names() == ["t"]
