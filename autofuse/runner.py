@@ -451,7 +451,7 @@ class CandidateLog:
                 self.seconds.append(float(seconds))
             if self.best_ms is None or value_of(res) < self.best_ms:
                 self.best_ms, self.best_hash, self.best_plan = value_of(res), plan_hash, plan_json
-                self.best_compared = bool((res.get("confirm") or {}).get("faster"))
+                self.best_compared = "candidate_ms" in (res.get("confirm") or {})
 
     def time_limit_s(self, cap_s: float) -> float:
         if len(self.seconds) < LIMIT_AFTER:
@@ -490,11 +490,13 @@ class CandidateLog:
         ``value_ms = base * candidate median / incumbent median`` (both from those
         rounds).  So it becomes the best only if it is faster in the same minutes, by what
         it is faster then; a candidate timed in a quiet moment of a busy machine does not.
-        ``base`` is the best's value, or, while that value is one lone timing (the first
-        plans of a job are timed in a fresh worker, often slow), the lower of it and the
-        incumbent's median in these rounds: the scale starts from a side-by-side timing.
+        ``base`` is the best's value.  While that value is one lone timing (the first plans
+        of a job are timed in a fresh worker, often slow), the first comparison lowers it to
+        the incumbent's median in these rounds if that is lower: the scale starts from a
+        side-by-side timing, whether the candidate then wins or ties (a tie scored on the
+        lone timing kept a random-search job at its first plan's slow 2.46 ms, NOTES 22).
         It counts as faster only if it is faster in every round and by more than
-        ``CONFIRM_MARGIN`` overall; anything else is a tie, scored ``best_ms``.  A job makes
+        ``CONFIRM_MARGIN`` overall; anything else is a tie, scored ``base``.  A job makes
         dozens of these comparisons, and a memory-bound kernel's time varies by 10-20% from
         one fresh VM (new buffers) to the next: on the medians alone, tied candidates won
         often enough on that noise that the best's score drifted down by a third in 10
@@ -507,12 +509,10 @@ class CandidateLog:
             res["confirm"] = {"vs": self.best_hash, "error": f"{cmp['status']}: {cmp.get('error', '')}"[:300]}
             return
         cand, inc = cmp["median_ms"]
+        if not self.best_compared:  # the best's value is one lone timing: the scale starts from this one
+            self.best_ms, self.best_compared = min(self.best_ms, inc), True
         every_round = all(c < i for c, i in zip(*cmp["round_ms"]))
         faster = every_round and cand < (1.0 - CONFIRM_MARGIN) * inc
-        if faster:
-            base = self.best_ms if self.best_compared else min(self.best_ms, inc)
-            res["value_ms"] = base * cand / inc
-        else:
-            res["value_ms"] = self.best_ms * max(1.0, cand / inc)
+        res["value_ms"] = self.best_ms * (cand / inc if faster else max(1.0, cand / inc))
         res["confirm"] = {"vs": self.best_hash, "candidate_ms": cand, "incumbent_ms": inc, "rounds": CONFIRM_ROUNDS,
                           "faster": faster}
