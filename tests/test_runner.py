@@ -232,8 +232,9 @@ def test_comparing_two_plans_in_a_worker_times_them_interleaved_on_kept_builds()
     assert second["status"] == OK and "error" not in c and c["vs"] == w.reference_plan("default").hash
     assert c["candidate_ms"] > 0 and c["incumbent_ms"] > 0
     ratio = c["candidate_ms"] / c["incumbent_ms"]
-    # the best's 1e6 is a lone timing: a faster candidate is scored from the side-by-side timing
-    assert value_of(second) == pytest.approx(c["candidate_ms"] if c["faster"] else 1e6 * max(1.0, ratio))
+    # the best's 1e6 is a lone timing: the scale starts from the side-by-side timing, win or tie
+    assert value_of(second) == pytest.approx(c["incumbent_ms"] * (ratio if c["faster"] else max(1.0, ratio)))
+    assert log.best_compared and log.best_ms <= c["incumbent_ms"]
     cmp = run_task({**base, "plan": unfused, "compare_with": default, "rounds": 3})
     assert cmp["status"] == OK and [len(s) for s in cmp["samples_ms"]] == [6, 6]  # 3 rounds x 2 repeats each
     assert [len(r) for r in cmp["round_ms"]] == [3, 3]
