@@ -72,6 +72,7 @@ class PlanSpace:
     def __init__(self, workload: Workload, overrides: dict[str, Any] | None = None):
         self.workload = workload
         self.overrides = overrides if overrides is not None else workload.space.knobs
+        self._group_spaces: dict[tuple[bool, tuple[int, ...]], tuple[int, LoopNest, dict[str, list[Any]]]] = {}
 
     def suggest(self, trial: optuna.Trial) -> tuple[Plan, list[str]]:
         """Sample a plan; returns it with the list of fuse decisions the repair had to cut."""
@@ -108,7 +109,7 @@ class PlanSpace:
         part, repairs = partition_from_choices(dag, choices)
         schedules = []
         for group in part:
-            a, _, space = self._group_space(g, group)
+            a, _, space = self._group_space(fold, group)
             picked = {k: pick(knob_param(g, fold, a, k), values) for k, values in space.items()}
             schedules.append({k: v for k, v in picked.items() if v is not _DEFAULT})
         return self.workload.partition_plan(part, fold, "tuned", schedules, fast), repairs
@@ -126,7 +127,7 @@ class PlanSpace:
         for d, c in zip(decisions(dag), choices_for(dag, part)):
             params[decision_param(g, fold, d)] = c
         for group, sched in zip(part, plan.schedules):
-            a, nest, space = self._group_space(g, group)
+            a, nest, space = self._group_space(fold, group)
             for k, v in resolve_knobs(nest, sched).items():
                 if k in space:
                     if v not in space[k]:
@@ -149,7 +150,7 @@ class PlanSpace:
             return None
         schedules = []
         for group, sched in zip(groups, plan.schedules):
-            _, _, space = self._group_space(g, group)
+            _, _, space = self._group_space(fold, group)
             kept = {}
             for k, v in sched.items():
                 values = space.get(k)
@@ -199,15 +200,22 @@ class PlanSpace:
                 unique.append((params, label))
         return unique
 
-    def _group_space(self, g: Graph, group: tuple[int, ...]) -> tuple[int, LoopNest, dict[str, list[Any]]]:
-        """(the op naming the group's knobs, the anchor's loop nest, the knobs' candidate values)."""
-        a, nest = group_anchor(g, group)
-        if a < 0:  # an opaque kernel: no knobs
-            return anchor_op(g, group), nest, {}
-        shape = group_shape(g, group)
-        space = knob_space(nest, self.overrides, producers=shape.producers, epilogue=shape.epilogue,
-                           side_reductions=shape.side_reductions)
-        return anchor_op(g, group), nest, space
+    def _group_space(self, fold: bool, group: tuple[int, ...]) -> tuple[int, LoopNest, dict[str, list[Any]]]:
+        """(the op naming the group's knobs, the anchor's loop nest, the knobs' candidate values).
+        Kept per group: every trial and every mutation (``complete``, dozens per trial) asks
+        for the same few groups, and working one out hashes the group's PrimFuncs."""
+        key = (fold, group)
+        if key not in self._group_spaces:
+            g = self.workload.graph(fold)
+            a, nest = group_anchor(g, group)
+            if a < 0:  # an opaque kernel: no knobs
+                self._group_spaces[key] = (anchor_op(g, group), nest, {})
+            else:
+                shape = group_shape(g, group)
+                space = knob_space(nest, self.overrides, producers=shape.producers, epilogue=shape.epilogue,
+                                   side_reductions=shape.side_reductions)
+                self._group_spaces[key] = (anchor_op(g, group), nest, space)
+        return self._group_spaces[key]
 
 
 POOL_SIZE = 32  # neighbours of the best plan the cost model chooses from
