@@ -143,8 +143,9 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
     states = [_region_state(cfg, storage, db, target, host, h, rw, rs.count(h), i)
               for i, (h, rw) in enumerate(rs.workloads.items())]
     mutation = mutation_for(cfg.sampler, cfg.mutation_rate, cfg.seed)
-    for st in states if mutation is not None else []:
-        mutation.use_space(st.study.study_name, st.space)
+    if mutation is not None:
+        for st in states:
+            mutation.use_space(st.study.study_name, st.space)
     if cfg.trials is not None:
         budget: int | None = cfg.trials
     else:  # a timeout alone: trials until it (budget None); neither: a short default job
