@@ -305,3 +305,32 @@ def test_the_final_remeasurement_takes_the_top_k_plans_whatever_found_them_and_t
     # tied best scores (a tie keeps the incumbent's score) must not crowd in every mutation
     assert set(chosen) == {"m1", "m2", "t", "u", "d"}
     assert chosen["d"] == ("plan d", "default") and chosen["m1"] == ("plan m1", "mutation")
+
+
+def test_mutations_start_from_the_tied_plan_that_ran_fastest_side_by_side():
+    """A tie is scored exactly the incumbent's value; Optuna's best trial is then the first
+    of the tie (often the unfused seed), and the search would stay in its neighbourhood.
+    Mutations start from the tied plan that was fastest side by side with the incumbent."""
+    from autofuse.search import LocalMutation, parent_of
+
+    dists = {f"k{i}": optuna.distributions.CategoricalDistribution(["a", "b", "c"]) for i in range(6)}
+    study = optuna.create_study()
+
+    def add(letter, value, confirm=None):
+        attrs = {"confirm": confirm} if confirm else {}
+        study.add_trial(optuna.trial.create_trial(params={k: letter for k in dists}, distributions=dists,
+                                                  value=value, user_attrs=attrs))
+
+    add("a", 2.0)  # the incumbent: first of the tie
+    add("b", 2.0, {"vs": "h", "candidate_ms": 1.94, "incumbent_ms": 2.0, "rounds": 3, "faster": False})
+    add("c", 2.0, {"vs": "h", "candidate_ms": 1.99, "incumbent_ms": 2.0, "rounds": 3, "faster": False})
+    study.add_trial(optuna.trial.create_trial(params={k: "c" for k in dists}, distributions=dists, value=2.3))
+    assert study.best_trial.params["k0"] == "a"  # what the mutation used to start from
+    assert parent_of(study.get_trials()).params["k0"] == "b"
+    LocalMutation(rate=1.0, seed=0, use_model=False)(study, study.trials[-1])
+    (queued,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    fixed = queued.system_attrs["fixed_params"]
+    assert sum(v != "b" for v in fixed.values()) <= 2  # a neighbour of "b", not of "a"
+    add("c", 1.5, {"vs": "h", "candidate_ms": 1.5, "incumbent_ms": 2.0, "rounds": 3, "faster": True})
+    assert parent_of(study.get_trials()).value == 1.5  # a faster plan is the best, tie or not
+    assert parent_of([]) is None
