@@ -352,7 +352,9 @@ class _tune_progress:
 @click.option("--columns", default=",".join(["unfused", "tvm-default", "tvm-metaschedule", "onnxruntime", "numpy", "autofuse"]),
               show_default=True, help="Which columns to run (comma-separated).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--compare-random", is_flag=True, help="Also run random search with the same budget (search-efficiency chart).")
+@click.option("--compare-random", is_flag=True,
+              help="Also run random search with the same budget: curves at equal trials, and its best plan timed "
+                   "in the same rounds as autofuse's (the random-search column).")
 @click.option("--append", is_flag=True,
               help="Keep the spaces of the report already in --output that this run does not measure (a long "
                    "bench split over several runs; the budget must be the same). Table, geomeans and charts cover all.")
@@ -381,6 +383,12 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     unknown = set(cols) - set(COLUMNS)
     if unknown:
         raise click.BadParameter(f"unknown column(s) {sorted(unknown)}; choose from {', '.join(COLUMNS)}", param_hint="--columns")
+    compare_random = compare_random or "random-search" in cols
+    if compare_random and "autofuse" not in cols:
+        raise click.BadParameter("random search is compared with autofuse: include the autofuse column",
+                                 param_hint="--compare-random")
+    if compare_random and "random-search" not in cols:
+        cols = (*cols, "random-search")
     names = list(spaces) or space_names()
     for n in names:
         get_workload(n, tiny)

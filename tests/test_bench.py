@@ -92,8 +92,8 @@ def test_bench_reports_progress_while_each_tuner_runs(tmp_path, monkeypatch):
 
 def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     """`--compare-random`: random search of the same space gets the same budget; the report
-    compares the two bests after as many measured candidates as the shorter run built, and
-    charts both curves."""
+    compares the two bests after as many measured candidates as the shorter run built, charts
+    both curves, and times random search's best plan in the same rounds as autofuse's."""
     from autofuse.bench import best_at
 
     out = tmp_path / "bench"
@@ -113,6 +113,12 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     assert cmp["random_over_guided"] == pytest.approx(cmp["random_ms"] / cmp["guided_ms"])
     assert cmp["same_budget_random_over_guided"] == pytest.approx(rand[-1][1] / guided[-1][1])
     assert space["random_job"]["study"].endswith("-random")
+    col = space["columns"]["random-search"]
+    assert col["correct"] and col["samples"] == space["columns"]["autofuse"]["samples"] == 1, col
+    assert space["random_job"]["best"]["plan_hash"] in col["note"]
+    assert space["ratios_vs_autofuse"]["random-search"] == pytest.approx(
+        col["median_ms"] / space["columns"]["autofuse"]["median_ms"])
+    assert "random-search" in report["geomean_speedup_of_autofuse"]
     assert str(out / "bench_trials.png") in report["charts"]
     assert (out / "bench_trials.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "bench.md").read_text()

@@ -21,7 +21,9 @@ from autofuse.measure import Session, TimingConfig
 from autofuse.target import Target, num_threads
 from autofuse.workload import Workload
 
-COLUMNS = ("unfused", "tvm-default", "tvm-metaschedule", "onnxruntime", "numpy", "autofuse")
+COLUMNS = ("unfused", "tvm-default", "tvm-metaschedule", "onnxruntime", "numpy", "random-search", "autofuse")
+# random-search: the best plan of a random-sampling job of the same space and budget (``--compare-random``),
+# timed in the same rounds as autofuse's, so the two jobs' bests are compared in the same minutes
 
 
 @dataclass
@@ -117,10 +119,21 @@ def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
     return lambda _cfg, _before: nullcontext(ticker.study_update)
 
 
+def study_plan(db_url: str, study: str, plan_hash: str) -> str | None:
+    """The plan JSON a tuning job's trial recorded for ``plan_hash``."""
+    import optuna
+
+    for t in optuna.load_study(study_name=study, storage=db_url).get_trials(deepcopy=False):
+        if t.user_attrs.get("plan_hash") == plan_hash and t.user_attrs.get("plan"):
+            return t.user_attrs["plan"]
+    return None
+
+
 def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
                   seed: int, include: tuple[str, ...], compare_random: bool = False) -> tuple[list[_Runnable], dict[str, Any]]:
     """The ``include``d columns of ``w``, ready to check and time, and what the tuners
-    reported (search curves, job summaries, the random-search comparison)."""
+    reported (search curves, job summaries, the random-search comparison).  ``compare_random``
+    (which needs the autofuse column) adds the random-search column."""
     import tvm
     from tvm import relax
 
@@ -129,6 +142,8 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
     from autofuse.peers import has_onnx, onnx_model, onnxruntime_session
     from autofuse.relax_module import bind_params, space_to_relax
 
+    if compare_random and "random-search" not in include:
+        include = (*include, "random-search")
     acts, expected = w.check_data()
     cols: list[_Runnable] = []
     extra: dict[str, Any] = {}
@@ -173,18 +188,24 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
     db_url = f"sqlite:///{out_dir / 'bench.db'}"
     candidate_timeout = min(120.0, max(20.0, budget_s / 6))  # one slow compile can't eat the budget
 
+    def plan_runnable(name: str, plan_json: str, label: str, note: str) -> _Runnable:
+        from autofuse.plan import Plan
+
+        plan = Plan.from_json(plan_json)
+        ex = build(w.graph(plan.fold_params), plan, target)
+        return _vm_runnable(name, ex, w, plan.fold_params, target,
+                            note=f"plan {plan.hash} ({label}), {len(plan.groups)} kernels, {note}")
+
     def best_plan_runnable(note: str) -> _Runnable:
         """autofuse's column: the best verified plan the tuning stored, built here."""
         from autofuse.db import PlanDB
-        from autofuse.plan import Plan
 
         best = PlanDB(db_url, create=False, readonly=True).best_plan(w.hash, target.spec)
         if best is None:
             raise RuntimeError("autofuse found no verified plan in the budget")
-        plan = Plan.from_json(best.plan_json)
-        ex = build(w.graph(plan.fold_params), plan, target)
-        return _vm_runnable("autofuse", ex, w, plan.fold_params, target,
-                            note=f"plan {plan.hash} ({best.label}), {len(plan.groups)} kernels, {note}")
+        return plan_runnable("autofuse", best.plan_json, best.label, note)
+
+    random_best: dict[str, Any] = {}  # the random-search job's best plan, for its column
 
     def autofuse_model_col() -> _Runnable:
         """A whole model: regions tuned within the budget, their best plans stitched."""
@@ -219,7 +240,18 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
             extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best,
                                    "study": rres.study}
             extra.update(search_vs_random(guided_by_measured, random_by_measured))
+            if rres.best and rres.best.get("plan_hash"):
+                random_best.update(rres.best, plan=study_plan(db_url, rres.study, rres.best["plan_hash"]),
+                                   trials=rres.trials_this_job)
         return runnable
+
+    def random_col() -> _Runnable | None:
+        if not compare_random:
+            return None
+        if not random_best.get("plan"):
+            raise RuntimeError("random search found no verified plan in the budget")
+        return plan_runnable("random-search", random_best["plan"], random_best.get("label", "tuned"),
+                             f"{random_best['trials']} trials, random sampling")
 
     def metaschedule_col() -> _Runnable:
         work = out_dir / f"ms-{w.space.name}"
@@ -235,6 +267,7 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
 
     guarded("tvm-metaschedule", metaschedule_col)
     guarded("autofuse", autofuse_col)
+    guarded("random-search", random_col)
 
     def ort_col() -> _Runnable | None:
         if model_path:  # the model file itself, with the weights the workload uses

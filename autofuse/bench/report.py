@@ -81,5 +81,7 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
                   "and seed plans, tuned for the same budget after autofuse; its best after as many measured "
                   "candidates as the shorter of the two runs built, over autofuse's best after as many (>1: the "
                   "guided search is ahead), with that count; then the same ratio at the end of the budget, with "
-                  "each run's measured candidates. Curves: `bench_trials.png`."]
+                  "each run's measured candidates. Curves: `bench_trials.png`. Each job's scores are on its own "
+                  "scale (anchored in its first minutes); the random-search column times random search's best plan "
+                  "in the same rounds as autofuse's."]
     return "\n".join(lines) + "\n"
