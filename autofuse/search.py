@@ -235,8 +235,8 @@ def parent_of(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTria
     """The plan mutations start from: the best-scored trial, and among trials tied with it
     (a tie is scored exactly the incumbent's value), the one that ran fastest side by side.
     Optuna's ``best_trial`` takes the first of a tie, which is often the unfused seed plan:
-    on resnet_block the default plan and a dozen mutations tied with it for 400 s (up to
-    3% faster side by side, not in every round) while every mutation started from the
+    on resnet_block the default plan and 17 mutations tied with it for 400 s (up to 3%
+    faster side by side, not in every round) while every mutation started from the
     13-kernel unfused plan (NOTES 23)."""
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None]
     if not done:
@@ -250,8 +250,9 @@ class LocalMutation:
     """Study callback: after a trial, with probability ``rate``, enqueue the best trial's
     (``parent_of``) parameters with one or two of them changed (a tile to its neighbour, a
     flag flipped, a fusion decision turned).  TPE over 50-150 categorical parameters is slow
-    to refine a good plan one knob at a time; this is the mutation step of an evolutionary search (Ansor's),
-    riding on Optuna's queue so that every worker and the storage see it as a normal trial.
+    to refine a good plan one knob at a time; this is the mutation step of an evolutionary
+    search (Ansor's), riding on Optuna's queue so that every worker and the storage see it as
+    a normal trial.
 
     Once a study has enough trials for its cost model (``autofuse.cost_model``), the mutation
     queued is the one the model predicts fastest among ``POOL_SIZE`` unmeasured neighbours

@@ -33,6 +33,8 @@ def test_bench_rejects_unknown_column_and_space():
     assert r.returncode == 2 and "bogus" in r.stderr and "Traceback" not in r.stderr
     r = cli("bench", "nope", "--tiny")
     assert r.returncode == 2 and "unknown space" in r.stderr
+    r = cli("bench", "ew_chain", "--tiny", "--columns", "numpy", "--compare-random")  # random search runs beside autofuse
+    assert r.returncode == 2 and "autofuse column" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_metaschedule_estimate_waits_for_every_task_and_skips_failed_records(tmp_path):
