@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autofuse.bench.columns import COLUMNS
+from autofuse.bench.report import runs_of
 
 
 def plot_bench(report: dict[str, Any], out_dir: Path) -> list[str]:
@@ -41,7 +42,9 @@ def _plot_speedups(report: dict[str, Any], spaces: list[str], peers: list[str], 
     ax.set_yscale("log")
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(spaces))], spaces, rotation=20, ha="right")
     ax.set_ylabel("peer time / autofuse time (log)")
-    ax.set_title(f"autofuse speedup over peers (>1: autofuse faster)\n{report['date']}, "
+    runs = runs_of(report)  # an --append report: each space was measured in its own run
+    when = report["date"] if len(runs) == 1 else f"{len(runs)} runs, {runs[0]['date']} to {runs[-1]['date']}"
+    ax.set_title(f"autofuse speedup over peers (>1: autofuse faster)\n{when}, "
                  f"tuning budget {report['budget_s']:.0f} s", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path, plt)
