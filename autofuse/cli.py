@@ -366,7 +366,7 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     """autofuse's best plan vs unfused, TVM (default, MetaSchedule), onnxruntime, NumPy and the roofline."""
     from pathlib import Path
 
-    from autofuse.bench import COLUMNS, cell, random_cell, run_bench
+    from autofuse.bench import COLUMNS, cell, random_cell, report_columns, run_bench
     from autofuse.job import parse_duration
     from autofuse.space import space_names
     from autofuse.target import parse_target
@@ -387,8 +387,6 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     if compare_random and "autofuse" not in cols:
         raise click.BadParameter("random search is compared with autofuse: include the autofuse column",
                                  param_hint="--compare-random")
-    if compare_random and "random-search" not in cols:
-        cols = (*cols, "random-search")
     names = list(spaces) or space_names()
     for n in names:
         get_workload(n, tiny)
@@ -404,9 +402,9 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
         t = Table(title=f"autofuse bench: median ms (×: peer time / autofuse time), budget {budget:.0f} s, "
                         f"{report['threads']} threads, {report['date']}")
         t.add_column("space")
-        for c in COLUMNS:
-            if c in cols:
-                t.add_column(c, justify="right")
+        shown = report_columns(report)
+        for c in shown:
+            t.add_column(c, justify="right")
         t.add_column("roofline", justify="right")
         t.add_column("autofuse / roofline", justify="right")
         vs_random = any("search_vs_random" in r for r in report["spaces"])
@@ -414,7 +412,7 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
             t.add_column("random search / autofuse (best ms)", justify="right")
         for r in report["spaces"]:
             row = [r["space"]]
-            row += [cell(r, c, markdown=False) for c in COLUMNS if c in cols]
+            row += [cell(r, c, markdown=False) for c in shown]
             row.append(f"{r['roofline_ms']:.3f}" if r.get("roofline_ms") else "")
             row.append(f"{r['autofuse_over_roofline']:.2f}×" if r.get("autofuse_over_roofline") else "")
             if vs_random:

@@ -133,7 +133,8 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
                   seed: int, include: tuple[str, ...], compare_random: bool = False) -> tuple[list[_Runnable], dict[str, Any]]:
     """The ``include``d columns of ``w``, ready to check and time, and what the tuners
     reported (search curves, job summaries, the random-search comparison).  ``compare_random``
-    (which needs the autofuse column) adds the random-search column."""
+    and the random-search column go together (either asks for both; they need the autofuse
+    column, whose job the random search runs after)."""
     import tvm
     from tvm import relax
 
@@ -142,6 +143,7 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
     from autofuse.peers import has_onnx, onnx_model, onnxruntime_session
     from autofuse.relax_module import bind_params, space_to_relax
 
+    compare_random = compare_random or "random-search" in include
     if compare_random and "random-search" not in include:
         include = (*include, "random-search")
     acts, expected = w.check_data()
@@ -245,9 +247,7 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
                                    trials=rres.trials_this_job)
         return runnable
 
-    def random_col() -> _Runnable | None:
-        if not compare_random:
-            return None
+    def random_col() -> _Runnable:
         if not random_best.get("plan"):
             raise RuntimeError("random search found no verified plan in the budget")
         return plan_runnable("random-search", random_best["plan"], random_best.get("label", "tuned"),

@@ -32,6 +32,12 @@ def random_cell(cmp: dict[str, Any] | None) -> str:
             f"({cmp['random_trials']} vs {cmp['guided_trials']} measured)")
 
 
+def report_columns(report: dict[str, Any]) -> list[str]:
+    """The columns any space of the report has, in table order (an ``--append`` report may
+    hold columns this run did not run)."""
+    return [c for c in COLUMNS if any(c in r["columns"] for r in report["spaces"])]
+
+
 def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The runs that measured the report's spaces (one, for a report from before ``--append``)."""
     return report.get("runs") or [{"date": report["date"], "spaces": [r["space"] for r in report["spaces"]],
@@ -40,7 +46,7 @@ def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def markdown_report(report: dict[str, Any], command: str = "") -> str:
     """The bench as a markdown table (what results/README.md shows)."""
-    cols = [c for c in COLUMNS if any(c in r["columns"] for r in report["spaces"])]
+    cols = report_columns(report)
     runs = runs_of(report)
     when = runs[0]["date"] if len(runs) == 1 else f"in {len(runs)} runs (" + "; ".join(
         f"{run['date']}: {', '.join(run['spaces'])}" for run in runs) + ")"
