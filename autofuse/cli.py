@@ -383,8 +383,7 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     unknown = set(cols) - set(COLUMNS)
     if unknown:
         raise click.BadParameter(f"unknown column(s) {sorted(unknown)}; choose from {', '.join(COLUMNS)}", param_hint="--columns")
-    compare_random = compare_random or "random-search" in cols
-    if compare_random and "autofuse" not in cols:
+    if (compare_random or "random-search" in cols) and "autofuse" not in cols:
         raise click.BadParameter("random search is compared with autofuse: include the autofuse column",
                                  param_hint="--compare-random")
     names = list(spaces) or space_names()

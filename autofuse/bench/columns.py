@@ -207,8 +207,6 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
             raise RuntimeError("autofuse found no verified plan in the budget")
         return plan_runnable("autofuse", best.plan_json, best.label, note)
 
-    random_best: dict[str, Any] = {}  # the random-search job's best plan, for its column
-
     def autofuse_model_col() -> _Runnable:
         """A whole model: regions tuned within the budget, their best plans stitched."""
         from autofuse.model_job import ModelTuneConfig, tune_model
@@ -242,16 +240,17 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
             extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best,
                                    "study": rres.study}
             extra.update(search_vs_random(guided_by_measured, random_by_measured))
-            if rres.best and rres.best.get("plan_hash"):
-                random_best.update(rres.best, plan=study_plan(db_url, rres.study, rres.best["plan_hash"]),
-                                   trials=rres.trials_this_job)
         return runnable
 
     def random_col() -> _Runnable:
-        if not random_best.get("plan"):
+        """Random search's best plan, as its job (run in ``autofuse_col``) reported it."""
+        job = extra.get("random_job") or {}
+        best = job.get("best") or {}
+        plan_json = study_plan(db_url, job["study"], best["plan_hash"]) if best.get("plan_hash") else None
+        if plan_json is None:
             raise RuntimeError("random search found no verified plan in the budget")
-        return plan_runnable("random-search", random_best["plan"], random_best.get("label", "tuned"),
-                             f"{random_best['trials']} trials, random sampling")
+        return plan_runnable("random-search", plan_json, best.get("label", "tuned"),
+                             f"{job['trials']} trials, random sampling")
 
     def metaschedule_col() -> _Runnable:
         work = out_dir / f"ms-{w.space.name}"
