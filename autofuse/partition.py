@@ -251,6 +251,14 @@ def partition_from_choices(dag: Dag, choices: Sequence[bool]) -> tuple[Partition
     return uf.partition(), [cut[pos] for pos in pending]
 
 
+def most_fused(dag: Dag) -> Partition:
+    """The partition with every decision turned to "fuse", repaired into legality: the
+    fewest kernels the rules allow, greedily.  TVM's FuseOps stops earlier on some graphs
+    (it keeps an injective op out of a reduction that follows it, e.g. the residual add
+    before layer_norm), so this is a partition its default never tries."""
+    return partition_from_choices(dag, [True] * len(_index(dag).decisions))[0]
+
+
 def enumerate_partitions(dag: Dag, limit: int | None = None) -> Iterator[Partition]:
     """Yield every legal partition exactly once (at most ``limit`` of them).
 

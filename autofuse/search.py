@@ -18,7 +18,7 @@ import optuna
 from autofuse import cost_model
 from autofuse.build import anchor_op, group_anchor, group_shape, partition_of
 from autofuse.graph import Graph
-from autofuse.partition import Decision, choices_for, decisions, partition_from_choices
+from autofuse.partition import Decision, choices_for, decisions, most_fused, partition_from_choices
 from autofuse.plan import Plan, PlanError
 from autofuse.schedule import SEED_TEMPLATES, LoopNest, knob_space, resolve_knobs, seed_schedule
 from autofuse.workload import REFERENCE_PLANS, Workload
@@ -170,10 +170,11 @@ class PlanSpace:
 
     def seed_trials(self, stored_best: Plan | None = None) -> list[tuple[dict[str, Any], str]]:
         """(params, label) of the plans a new study measures right after its baselines: the
-        best plan already stored for this workload and target (a warm start), and the
-        default partition under schedule templates that often win (see ``seed_schedule``)."""
+        best plan already stored for this workload and target (a warm start); the default
+        partition under schedule templates that often win (see ``seed_schedule``); and the
+        most-fused partition (``partition.most_fused``), when it differs from the default,
+        with default schedules and the same templates."""
         w = self.workload
-        default = w.reference_plan("default")
         seeds: list[tuple[dict[str, Any], str]] = []
         if stored_best is not None:
             try:
@@ -181,17 +182,20 @@ class PlanSpace:
             except PlanError as e:  # stored under an older space: skipped, not fatal
                 warnings.warn(f"stored best plan not reused: {e}", stacklevel=2)
         g = w.graph(True)
-        part = partition_of(g, default)
-        nests = [group_anchor(g, grp)[1] for grp in part]
-        for name in SEED_TEMPLATES:
-            plan = w.partition_plan(part, True, f"seed:{name}", [seed_schedule(n, name) for n in nests])
-            try:
-                seeds.append((self.params_of(plan), f"seed:{name}"))
-            except PlanError:
-                continue
-        if g.uses_transcendentals:  # libm's exp/tanh/erf are scalar calls: the approximations vectorize
-            seeds.append((self.params_of(w.partition_plan(part, True, "seed:fast_math", fast_math=True)),
-                          "seed:fast_math"))
+        default = partition_of(g, w.reference_plan("default"))
+        fused = most_fused(g.dag())
+        for part, prefix in ((default, "seed:"), (fused, "seed:most-fused:")):
+            nests = [group_anchor(g, grp)[1] for grp in part]
+            plans = [] if part is default else [w.partition_plan(part, True, prefix.rstrip(":"))]
+            plans += [w.partition_plan(part, True, prefix + name, [seed_schedule(n, name) for n in nests])
+                      for name in SEED_TEMPLATES]
+            if g.uses_transcendentals:  # libm's exp/tanh/erf are scalar calls: the approximations vectorize
+                plans.append(w.partition_plan(part, True, prefix + "fast_math", fast_math=True))
+            for plan in plans:
+                try:
+                    seeds.append((self.params_of(plan), plan.label))
+                except PlanError:
+                    continue
         known = [self.params_of(w.reference_plan(label)) for label in REFERENCE_PLANS]
         unique = []
         for params, label in seeds:  # a template that changes nothing here is not measured twice

@@ -20,6 +20,7 @@ from autofuse.partition import (
     decisions,
     enumerate_partitions,
     is_legal,
+    most_fused,
     partition_from_choices,
     space_size,
     unfused,
@@ -135,6 +136,21 @@ def test_legal_groups_are_connected_by_their_own_decisions(dag: Dag) -> None:
                         seen.add(y)
                         todo.append(y)
             assert seen == set(g)
+
+
+@FAST
+@given(dags())
+def test_most_fused_is_legal_and_no_two_of_its_groups_can_merge(dag: Dag) -> None:
+    """The most-fused seed partition is legal, and maximal: merging the two groups of any
+    decision it left apart breaks a rule."""
+    p = most_fused(dag)
+    assert is_true_partition(dag, p) and is_legal(dag, p)
+    label = {op: k for k, group in enumerate(p) for op in group}
+    for d in decisions(dag):
+        ga, gb = label[d.a], label[d.b]
+        if ga != gb:
+            merged = [g for k, g in enumerate(p) if k not in (ga, gb)] + [p[ga] + p[gb]]
+            assert not is_legal(dag, merged), (d, p)
 
 
 @FAST

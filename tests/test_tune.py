@@ -184,6 +184,24 @@ def test_new_study_starts_from_the_stored_best_plan_and_seed_templates(tmp_path)
     assert [t.user_attrs.get("label") for t in third.trials] == ["unfused", "default", "seed:inline"]
 
 
+def test_seed_trials_add_the_most_fused_partition_where_tvm_stops_earlier():
+    """TVM's FuseOps keeps the residual add out of layer_norm (2 kernels); the most-fused
+    partition (1 kernel) is seeded.  Where both agree (conv_bn_relu), nothing is added."""
+    from autofuse.plan import Plan
+    from autofuse.search import PlanSpace
+    from autofuse.workload import get_workload
+
+    w = get_workload("layernorm_residual", tiny=True)
+    space = PlanSpace(w)
+    seeds = dict((label, params) for params, label in space.seed_trials())
+    assert len(w.reference_plan("default").groups) == 2
+    assert "seed:most-fused" in seeds
+    plan = space.suggest(optuna.trial.FixedTrial(seeds["seed:most-fused"]))[0]
+    assert isinstance(plan, Plan) and len(plan.groups) == 1
+    conv = get_workload("conv_bn_relu", tiny=True)
+    assert not [label for _, label in PlanSpace(conv).seed_trials() if "most-fused" in label]
+
+
 def test_seed_trials_put_a_stored_plan_first_and_skip_ones_outside_the_space():
     from autofuse.search import PlanSpace
     from autofuse.workload import get_workload
