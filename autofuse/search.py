@@ -184,13 +184,13 @@ class PlanSpace:
         g = w.graph(True)
         default = partition_of(g, w.reference_plan("default"))
         fused = most_fused(g.dag())
-        for part, prefix in ((default, "seed:"), (fused, "seed:most-fused:")):
+        for part, label in ((default, "seed"), (fused, "seed:most-fused")):
             nests = [group_anchor(g, grp)[1] for grp in part]
-            plans = [] if part is default else [w.partition_plan(part, True, prefix.rstrip(":"))]
-            plans += [w.partition_plan(part, True, prefix + name, [seed_schedule(n, name) for n in nests])
+            plans = [w.partition_plan(part, True, label)]  # on the default partition: the default plan, dropped below
+            plans += [w.partition_plan(part, True, f"{label}:{name}", [seed_schedule(n, name) for n in nests])
                       for name in SEED_TEMPLATES]
             if g.uses_transcendentals:  # libm's exp/tanh/erf are scalar calls: the approximations vectorize
-                plans.append(w.partition_plan(part, True, prefix + "fast_math", fast_math=True))
+                plans.append(w.partition_plan(part, True, f"{label}:fast_math", fast_math=True))
             for plan in plans:
                 try:
                     seeds.append((self.params_of(plan), plan.label))
