@@ -254,8 +254,8 @@ def partition_from_choices(dag: Dag, choices: Sequence[bool]) -> tuple[Partition
 def most_fused(dag: Dag) -> Partition:
     """The partition with every decision turned to "fuse", repaired into legality: the
     fewest kernels the rules allow, greedily.  TVM's FuseOps stops earlier on some graphs
-    (it keeps an injective op out of a reduction that follows it, e.g. the residual add
-    before layer_norm), so this is a partition its default never tries."""
+    (it fuses element-wise ops after a complex op, never before one: the residual add stays
+    out of layer_norm), so this is a partition its default never tries."""
     return partition_from_choices(dag, [True] * len(_index(dag).decisions))[0]
 
 
