@@ -695,6 +695,13 @@ class PlanDB:
         return self._write(_add_measurement, values)
 
     # ---- reads ------------------------------------------------------------
+    def plan_json(self, workload_hash: str, plan_hash: str) -> str | None:
+        """The stored JSON of a plan of ``workload_hash`` by its hash (a hash names one plan
+        JSON, whatever target it was measured on), or None if it was never stored."""
+        query = (select(af_plans.c.plan_json).join(af_workloads, af_plans.c.workload_id == af_workloads.c.id)
+                 .where(af_workloads.c.hash == workload_hash, af_plans.c.plan_hash == plan_hash).limit(1))
+        return self._read(lambda c: c.execute(query).scalar())
+
     def best_plan(self, workload_hash: str, target: dict, *, host: dict | None = None) -> BestPlan | None:
         """Fastest verified plan for ``workload_hash`` on ``target``.
 

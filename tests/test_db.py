@@ -68,6 +68,8 @@ def test_round_trip_and_idempotence(db: PlanDB, tmp_path: Path) -> None:
     assert (best.workload_name, best.workload_hash, best.plan_hash, best.label) == ("mlp", "wh1", "ph1", "tuned")
     assert best.target == LLVM and best.host == HOST
     assert best.plan_json == '{"groups": [[0, 1]]}'
+    assert db.plan_json("wh1", "ph1") == '{"groups": [[0, 1]]}'
+    assert db.plan_json("wh1", "nope") is None and db.plan_json("other", "ph1") is None
     assert best.median_ms == pytest.approx(1.25)
     assert best.spread_ms == pytest.approx(1.25 * 0.3)
     assert best.repeats == 10 and best.trials == 1

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from autofuse.bench.curves import search_curves, search_vs_random
+from autofuse.db import PlanDB
 from autofuse.measure import Session, TimingConfig
 from autofuse.target import Target, num_threads
 from autofuse.workload import Workload
@@ -119,16 +120,6 @@ def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
     return lambda _cfg, _before: nullcontext(ticker.study_update)
 
 
-def study_plan(db_url: str, study: str, plan_hash: str) -> str | None:
-    """The plan JSON a tuning job's trial recorded for ``plan_hash``."""
-    import optuna
-
-    for t in optuna.load_study(study_name=study, storage=db_url).get_trials(deepcopy=False):
-        if t.user_attrs.get("plan_hash") == plan_hash and t.user_attrs.get("plan"):
-            return t.user_attrs["plan"]
-    return None
-
-
 def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
                   seed: int, include: tuple[str, ...], compare_random: bool = False) -> tuple[list[_Runnable], dict[str, Any]]:
     """The ``include``d columns of ``w``, ready to check and time, and what the tuners
@@ -200,9 +191,8 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
 
     def best_plan_runnable(note: str) -> _Runnable:
         """autofuse's column: the best verified plan the tuning stored, built here."""
-        from autofuse.db import PlanDB
-
-        best = PlanDB(db_url, create=False, readonly=True).best_plan(w.hash, target.spec)
+        with PlanDB(db_url, create=False, readonly=True) as db:
+            best = db.best_plan(w.hash, target.spec)
         if best is None:
             raise RuntimeError("autofuse found no verified plan in the budget")
         return plan_runnable("autofuse", best.plan_json, best.label, note)
@@ -246,7 +236,10 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
         """Random search's best plan, as its job (run in ``autofuse_col``) reported it."""
         job = extra.get("random_job") or {}
         best = job.get("best") or {}
-        plan_json = study_plan(db_url, job["study"], best["plan_hash"]) if best.get("plan_hash") else None
+        plan_json = None
+        if best.get("plan_hash"):
+            with PlanDB(db_url, create=False, readonly=True) as db:
+                plan_json = db.plan_json(w.hash, best["plan_hash"])
         if plan_json is None:
             raise RuntimeError("random search found no verified plan in the budget")
         return plan_runnable("random-search", plan_json, best.get("label", "tuned"),
