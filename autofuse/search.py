@@ -17,7 +17,7 @@ import optuna
 
 from autofuse import cost_model
 from autofuse.build import anchor_op, group_anchor, group_shape, partition_of
-from autofuse.graph import Graph
+from autofuse.graph import Graph, default_partition
 from autofuse.partition import Decision, choices_for, decisions, most_fused, partition_from_choices
 from autofuse.plan import Plan, PlanError
 from autofuse.schedule import SEED_TEMPLATES, LoopNest, knob_space, resolve_knobs, seed_schedule
@@ -182,7 +182,7 @@ class PlanSpace:
             except PlanError as e:  # stored under an older space: skipped, not fatal
                 warnings.warn(f"stored best plan not reused: {e}", stacklevel=2)
         g = w.graph(True)
-        default = partition_of(g, w.reference_plan("default"))
+        default = default_partition(g)
         fused = most_fused(g.dag())
         for part, label in ((default, "seed"), (fused, "seed:most-fused")):
             nests = [group_anchor(g, grp)[1] for grp in part]
