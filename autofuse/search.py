@@ -18,7 +18,7 @@ import optuna
 from autofuse import cost_model
 from autofuse.build import anchor_op, group_anchor, group_shape, partition_of
 from autofuse.graph import Graph, default_partition
-from autofuse.partition import Decision, choices_for, decisions, most_fused, partition_from_choices
+from autofuse.partition import Decision, choices_for, decisions, epilogues_apart, most_fused, partition_from_choices
 from autofuse.plan import Plan, PlanError
 from autofuse.schedule import SEED_TEMPLATES, LoopNest, knob_space, resolve_knobs, seed_schedule
 from autofuse.workload import REFERENCE_PLANS, Workload
@@ -172,7 +172,8 @@ class PlanSpace:
         """(params, label) of the plans a new study measures right after its baselines: the
         best plan already stored for this workload and target (a warm start); the default
         partition under schedule templates that often win (see ``seed_schedule``); and the
-        most-fused partition (``partition.most_fused``), when it differs from the default,
+        most-fused partition (``partition.most_fused``) and the default partition with its
+        epilogues apart (``partition.epilogues_apart``), where they differ from the default,
         with default schedules and the same templates."""
         w = self.workload
         seeds: list[tuple[dict[str, Any], str]] = []
@@ -183,8 +184,9 @@ class PlanSpace:
                 warnings.warn(f"stored best plan not reused: {e}", stacklevel=2)
         g = w.graph(True)
         default = default_partition(g)
-        fused = most_fused(g.dag())
-        for part, label in ((default, "seed"), (fused, "seed:most-fused")):
+        dag = g.dag()
+        for part, label in ((default, "seed"), (most_fused(dag), "seed:most-fused"),
+                            (epilogues_apart(dag, default), "seed:epilogue-apart")):
             nests = [group_anchor(g, grp)[1] for grp in part]
             plans = [w.partition_plan(part, True, label)]  # on the default partition: the default plan, dropped below
             plans += [w.partition_plan(part, True, f"{label}:{name}", [seed_schedule(n, name) for n in nests])

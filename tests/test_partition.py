@@ -19,6 +19,7 @@ from autofuse.partition import (
     count_partitions,
     decisions,
     enumerate_partitions,
+    epilogues_apart,
     is_legal,
     most_fused,
     partition_from_choices,
@@ -154,6 +155,26 @@ def test_most_fused_is_legal_and_no_two_of_its_groups_can_merge(dag: Dag) -> Non
 
 
 @FAST
+@given(dags())
+def test_epilogues_apart_of_the_most_fused_partition_refines_it_legally(dag: Dag) -> None:
+    """Splitting epilogues off keeps the partition legal and only ever cuts a group in two:
+    its complex op with what feeds it, and ops downstream of that complex op."""
+    p = most_fused(dag)
+    q = epilogues_apart(dag, p)
+    assert is_true_partition(dag, q) and is_legal(dag, q)
+    for group in q:
+        assert any(set(group) <= set(g) for g in p), (group, p)
+    for g in p:
+        parts = [h for h in q if set(h) <= set(g)]
+        assert len(parts) <= 2
+        anchors = [i for i in g if dag.kinds[i] == Kind.OUT_EWISE_FUSABLE]
+        if len(parts) == 2:
+            head = next(h for h in parts if anchors[0] in h)
+            tail = next(h for h in parts if anchors[0] not in h)
+            assert all(any(a == anchors[0] or a in tail for a in dag.preds[i]) for i in tail)
+
+
+@FAST
 @given(dags(), st.integers(1, 5))
 def test_count_and_limit_agree_with_enumeration(dag: Dag, cap: int) -> None:
     total = len(list(enumerate_partitions(dag)))
@@ -164,6 +185,14 @@ def test_count_and_limit_agree_with_enumeration(dag: Dag, cap: int) -> None:
 
 
 # ----------------------------------------------------------------------------- hand-made DAGs
+
+
+def test_epilogues_apart_cuts_a_gemm_from_its_epilogue_and_keeps_its_producers() -> None:
+    """transpose -> GEMM -> bias -> relu, one group: the GEMM keeps the transpose that feeds
+    it, the epilogue becomes a group; a group without a complex op stays whole."""
+    dag = Dag((I, C, B, E, E, E), ((), (0,), (1,), (2,), (), (4,)), (("w",), ("x",), ("b",), (), ("x",), ()))
+    assert epilogues_apart(dag, [(0, 1, 2, 3), (4, 5)]) == ((0, 1), (2, 3), (4, 5))
+    assert epilogues_apart(dag, [(0, 1), (2, 3), (4, 5)]) == ((0, 1), (2, 3), (4, 5))
 
 
 def test_conv_epilogue_chain_fuses_entirely() -> None:

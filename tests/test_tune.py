@@ -202,6 +202,27 @@ def test_seed_trials_add_the_most_fused_partition_where_tvm_stops_earlier():
     assert not [label for _, label in PlanSpace(conv).seed_trials() if "most-fused" in label]
 
 
+def test_seed_trials_add_the_gemm_with_its_epilogue_apart():
+    """gemm_bn's one FuseOps kernel (GEMM, bias, BatchNorm, ReLU) is also seeded as two: the
+    GEMM alone, then the epilogue; layernorm_residual has no complex op, so no such seed."""
+    from autofuse.plan import Plan
+    from autofuse.search import PlanSpace
+    from autofuse.workload import get_workload
+
+    w = get_workload("gemm_bn", tiny=True)
+    space = PlanSpace(w)
+    seeds = dict((label, params) for params, label in space.seed_trials())
+    assert len(w.reference_plan("default").groups) == 1
+    plan = space.suggest(optuna.trial.FixedTrial(seeds["seed:epilogue-apart"]))[0]
+    assert isinstance(plan, Plan)
+    ops = w.graph(True).ops
+    assert [[ops[i].func for i in grp] for grp in [[0], list(range(1, len(ops)))]] == \
+        [[o.func for o in ops if o.name in grp] for grp in plan.groups]
+    assert "seed:epilogue-apart:wide" in seeds
+    norm = PlanSpace(get_workload("layernorm_residual", tiny=True))
+    assert not [label for _, label in norm.seed_trials() if "epilogue-apart" in label]
+
+
 def test_seed_trials_put_a_stored_plan_first_and_skip_ones_outside_the_space():
     from autofuse.search import PlanSpace
     from autofuse.workload import get_workload
