@@ -261,25 +261,26 @@ def most_fused(dag: Dag) -> Partition:
 
 def epilogues_apart(dag: Dag, partition: Sequence[Sequence[int]]) -> Partition:
     """``partition`` with each group that holds one complex op (GEMM, convolution) and ops
-    fed by it split in two: the complex op with what feeds it, and its epilogue.  A GEMM
+    downstream of it cut in two: those ops (the epilogue), and the rest of the group.  A GEMM
     kernel without an epilogue keeps its inner loop to loads and FMAs, and the epilogue is
-    one pass over an output that is often still in cache.  A split that would break a rule
-    (an epilogue that also feeds the head) leaves that group whole."""
+    one pass over an output that is often still in cache.  A cut that would break a rule
+    (an epilogue op that also feeds the rest) leaves that group whole."""
     parts = [tuple(g) for g in partition]
     for group in list(parts):
         anchors = [i for i in group if dag.kinds[i] == Kind.OUT_EWISE_FUSABLE]
         if len(anchors) != 1:
             continue
-        fed = {anchors[0]}  # the anchor and the group's ops downstream of it
-        for i in sorted(group):
-            if i > anchors[0] and any(p in fed for p in dag.preds[i]):
-                fed.add(i)
-        tail = tuple(i for i in group if i in fed and i != anchors[0])
-        head = tuple(i for i in group if i not in tail)
+        downstream = {anchors[0]}
+        for i in sorted(group):  # topological order: an op's preds come first
+            if any(p in downstream for p in dag.preds[i]):
+                downstream.add(i)
+        tail = tuple(i for i in group if i in downstream and i != anchors[0])
+        if not tail:
+            continue
         idx = parts.index(group)
-        trial = parts[:idx] + [head, tail] + parts[idx + 1:]
-        if tail and is_legal(dag, trial):
-            parts = trial
+        cut = parts[:idx] + [tuple(i for i in group if i not in tail), tail] + parts[idx + 1:]
+        if is_legal(dag, cut):
+            parts = cut
     return canonical(parts)
 
 

@@ -157,8 +157,8 @@ def test_most_fused_is_legal_and_no_two_of_its_groups_can_merge(dag: Dag) -> Non
 @FAST
 @given(dags())
 def test_epilogues_apart_of_the_most_fused_partition_refines_it_legally(dag: Dag) -> None:
-    """Splitting epilogues off keeps the partition legal and only ever cuts a group in two:
-    its complex op with what feeds it, and ops downstream of that complex op."""
+    """Cutting epilogues off keeps the partition legal and only ever cuts a group in two:
+    the ops downstream of its one complex op, and the rest."""
     p = most_fused(dag)
     q = epilogues_apart(dag, p)
     assert is_true_partition(dag, q) and is_legal(dag, q)
