@@ -169,7 +169,6 @@ def test_epilogues_apart_of_the_most_fused_partition_refines_it_legally(dag: Dag
         assert len(parts) <= 2
         anchors = [i for i in g if dag.kinds[i] == Kind.OUT_EWISE_FUSABLE]
         if len(parts) == 2:
-            head = next(h for h in parts if anchors[0] in h)
             tail = next(h for h in parts if anchors[0] not in h)
             assert all(any(a == anchors[0] or a in tail for a in dag.preds[i]) for i in tail)
 
