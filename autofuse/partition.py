@@ -264,17 +264,16 @@ def epilogues_apart(dag: Dag, partition: Sequence[Sequence[int]]) -> Partition:
     downstream of it cut in two: those ops (the epilogue), and the rest of the group.  A GEMM
     kernel without an epilogue keeps its inner loop to loads and FMAs, and the epilogue is
     one pass over an output that is often still in cache.  A cut that would break a rule
-    (an epilogue op that also feeds the rest) leaves that group whole."""
+    (an epilogue op that also feeds the rest) leaves that group whole.  ``partition`` is
+    legal, so its groups are convex: a descendant of the complex op in its group is reached
+    through the group."""
+    desc = _index(dag).desc
     parts = [tuple(g) for g in partition]
     for group in list(parts):
         anchors = [i for i in group if dag.kinds[i] == Kind.OUT_EWISE_FUSABLE]
         if len(anchors) != 1:
             continue
-        downstream = {anchors[0]}
-        for i in sorted(group):  # topological order: an op's preds come first
-            if any(p in downstream for p in dag.preds[i]):
-                downstream.add(i)
-        tail = tuple(i for i in group if i in downstream and i != anchors[0])
+        tail = tuple(i for i in group if desc[anchors[0]] >> i & 1)
         if not tail:
             continue
         idx = parts.index(group)
