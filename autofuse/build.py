@@ -19,7 +19,7 @@ from autofuse import fast_math as af_fast_math
 from autofuse.graph import Graph
 from autofuse.partition import Partition, canonical, violations
 from autofuse.plan import Plan, PlanError
-from autofuse.schedule import LoopNest, anchor_index, apply_cpu, apply_cuda, block_nests, resolve_knobs
+from autofuse.schedule import LoopNest, anchor_index, apply_cpu, apply_cuda, block_nests, resolve_knobs, weight_read
 from autofuse.target import Target
 
 
@@ -173,26 +173,50 @@ class GroupShape:
     producers: bool  # blocks before the anchor
     epilogue: bool  # blocks after it
     side_reductions: bool  # reduction blocks other than the anchor (norm / softmax statistics)
+    weight: bool  # the anchor reads a bound constant as a GEMM's weight (``pack_weight``)
 
 
 def group_shape(graph: Graph, group: tuple[int, ...]) -> GroupShape:
     nests = _group_nests(graph, group)
     a = anchor_index(nests)
     side = any(nest.has_reduction for i, (_, nest) in enumerate(nests) if i != a)
-    return GroupShape(a > 0, a < len(nests) - 1, side)
+    return GroupShape(a > 0, a < len(nests) - 1, side, _reads_constant_weight(graph, group))
+
+
+def _anchor_block(graph: Graph, group: tuple[int, ...]) -> tuple[int, int]:
+    """(the op owning the group's anchor block, the block's index in that op's PrimFunc)."""
+    a, _ = group_anchor(graph, group)
+    for i in group:
+        n = len(_op_nests(graph, graph.ops[i].func))
+        if a < n:
+            return i, a
+        a -= n
+    raise AssertionError("anchor block outside the group")
 
 
 def anchor_op(graph: Graph, group: tuple[int, ...]) -> int:
     """The op (index) that owns the group's anchor block: names the group's knobs in a search."""
-    a, _ = group_anchor(graph, group)
-    if a < 0:
+    if group_anchor(graph, group)[0] < 0:
         return group[0]
-    for i in group:
-        n = len(_op_nests(graph, graph.ops[i].func))
-        if a < n:
-            return i
-        a -= n
-    raise AssertionError("anchor block outside the group")
+    return _anchor_block(graph, group)[0]
+
+
+def _reads_constant_weight(graph: Graph, group: tuple[int, ...]) -> bool:
+    """Whether the anchor's GEMM weight (``schedule.weight_read``) is a constant bound in the
+    graph: only then can the build repack it once, ahead of time."""
+    if group_anchor(graph, group)[0] < 0:
+        return False
+    i, b = _anchor_block(graph, group)
+    op = graph.ops[i]
+    func = graph.mod[op.func]
+    sch = s_tir.Schedule(func)
+    block = sch.get(sch.get_child_blocks(sch.get_sblock("root"))[b])
+    params = list(func.params)  # in TVM 0.27 the parameters are the buffers themselves
+    r = weight_read(block, params)
+    if r is None:
+        return False
+    pos = next(j for j, p in enumerate(params) if p.same_as(block.reads[r].source))
+    return pos < len(op.args) and op.args[pos].startswith("const:")
 
 
 _NEST_CACHE: dict[int, list] = {}
@@ -216,6 +240,7 @@ def schedule_module(graph: Graph, plan: Plan, target: Target) -> tvm.IRModule:
     if target.kind == "cuda":
         return apply_cuda(fused.mod, target.tvm())
     sch = s_tir.Schedule(fused.mod)
+    packed = False
     for gi, group in enumerate(part):
         anchor, nest = group_anchor(graph, group)
         if anchor < 0:
@@ -224,7 +249,11 @@ def schedule_module(graph: Graph, plan: Plan, target: Target) -> tvm.IRModule:
             continue
         knobs = resolve_knobs(nest, by_first[group])
         apply_cpu(sch, fused.kernels[gi], anchor, knobs)
-    return sch.mod
+        packed |= knobs["pack_weight"]
+    if not packed:
+        return sch.mod
+    # every weight repacking becomes a function of its own, run once here on its constant
+    return tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()])(sch.mod)
 
 
 def compile_module(mod: tvm.IRModule, target: Target, fast_math: bool = False) -> tvm.runtime.Executable:

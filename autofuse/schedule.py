@@ -26,6 +26,11 @@ the anchor's loop nest and say where every other block of the group goes:
 - ``inline_epilogue``: collapse intermediate epilogue blocks into the last one.
 - ``epilogue_at`` / ``producer_at``: outer spatial loop (index) under which the
   remaining consumers / producers are computed; -1 = at root, own loop nest.
+- ``pack_weight``: a GEMM whose right operand is a constant weight (``B[k, j]``) reads it
+  in a packed layout, ``B[j // t, k, j % t]`` for the inner column tile ``t``: each column
+  strip is one contiguous stream instead of one cache line per row of B, rows a page apart
+  that share a handful of cache sets.  The repacking runs once, at build time, on the constant
+  (``SplitLayoutRewritePreproc`` + ``FoldConstant``).
 - ``reduce_vector``: the other reduction blocks of the group (layer-norm and softmax
   statistics, BN batch statistics) keep that many partial sums in one vector
   (``rfactor``), then add them up; 0 = one scalar accumulator (a serial chain of adds).
@@ -44,7 +49,7 @@ from tvm import s_tir, tirx
 
 from autofuse.plan import PlanError
 
-BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue")
+BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue", "pack_weight")
 INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector", "outer_first", "k_block")
 K_BLOCKS = (64, 128, 256, 512)
 UNROLL_STEPS = (0, 16, 64, 256)
@@ -127,7 +132,7 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
         # (padding, GELU) would be recomputed for every column tile
         inline_producers=not nest.has_reduction,
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
-        reduce_vector=16, outer_first=0, k_block=0,
+        reduce_vector=16, outer_first=0, k_block=0, pack_weight=False,
     )
     if n >= 4 and nest.has_reduction and nest.spatial[2] >= 16:
         # NCHW convolution: image rows outermost and in parallel, padding (or a producer) made
@@ -137,13 +142,14 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
     return knobs
 
 
-SEED_TEMPLATES = ("inline", "wide")
+SEED_TEMPLATES = ("inline", "wide", "packed", "wide-packed")
 
 
 def seed_schedule(nest: LoopNest, template: str) -> dict[str, Any]:
     """Knob overrides of the default schedule that often beat it, measured first by a new
     study: ``inline`` computes producers in their readers; ``wide`` doubles the register
-    tile's columns (16 -> 32 accumulators per row)."""
+    tile's columns (16 -> 32 accumulators per row); ``packed`` repacks a GEMM's constant
+    weight (``pack_weight``; dropped where the group has none); ``wide-packed`` both."""
     if template == "inline":
         return {"inline_producers": True}
     if template == "wide":
@@ -151,16 +157,22 @@ def seed_schedule(nest: LoopNest, template: str) -> dict[str, Any]:
         if n and nest.has_reduction and nest.spatial[-1] % 32 == 0:
             return {f"t{n - 1}": 32}
         return {}
+    if template == "packed":
+        return {"pack_weight": True}
+    if template == "wide-packed":
+        wide = seed_schedule(nest, "wide")
+        return {**wide, "pack_weight": True} if wide else {}
     raise ValueError(f"unknown seed template {template!r}")
 
 
 def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, producers: bool = True,
-               epilogue: bool = True, side_reductions: bool = True) -> dict[str, list[Any]]:
+               epilogue: bool = True, side_reductions: bool = True, weight: bool = False) -> dict[str, list[Any]]:
     """Candidate values of every knob for this loop nest (what the search samples).
 
     ``producers`` / ``epilogue`` / ``side_reductions``: whether the group has blocks
     before / after its anchor, and reduction blocks other than the anchor; knobs for
-    blocks it does not have are left out of the space.
+    blocks it does not have are left out of the space.  ``weight``: whether the anchor
+    reads a constant weight that ``pack_weight`` can repack.
     """
     overrides = overrides or {}
     max_tile = int(overrides.get("max_tile", 64))
@@ -186,6 +198,8 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, produ
         del space["inline_epilogue"], space["epilogue_at"]
     if side_reductions:
         space["reduce_vector"] = list(REDUCE_VECTOR_WIDTHS)
+    if weight:
+        space["pack_weight"] = [False, True]
     if nest.has_reduction and any(2 * b <= nest.reduce[0] for b in K_BLOCKS):
         space["k_block"] = [0] + [b for b in K_BLOCKS if 2 * b <= nest.reduce[0]]
     for key, value in default_knobs(nest).items():  # the default schedule is always a point of the space
@@ -349,8 +363,62 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
                 _root_schedule(sch, name, k)
     for name in partial_sums:
         _vectorize_partial_sums(sch, name, k)
+    if k["pack_weight"]:
+        _pack_weight(sch, kernel, anchor, k[f"t{si - 1}"] if si else 1)
     if blocks or r_outer or r_inner:
         sch.decompose_reduction(anchor, (blocks or r_outer or r_inner)[0])
+
+
+def weight_read(block: Any, params: list[Any]) -> int | None:
+    """Index (in ``block.reads``) of the operand ``pack_weight`` repacks: a buffer of
+    ``params`` read at the block's last spatial iterator and a reduction iterator, and not
+    at every spatial one (that is the accumulator): a GEMM's ``B[k, j]``.  None if none."""
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) != 2]
+    reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
+    if not spatial or not reduce:
+        return None
+
+    def used(var: Any, index: list[Any]) -> bool:
+        return any(x.same_as(var) for x in index)
+
+    for i, region in enumerate(block.reads):
+        if not any(region.source.same_as(p) for p in params):
+            continue
+        index = [r.min for r in region.region]
+        if not all(any(x.same_as(v) for v in spatial + reduce) for x in index):
+            continue  # an index that is not a plain iterator (a convolution's h + rh)
+        if used(spatial[-1], index) and any(used(r, index) for r in reduce) and not all(used(s, index) for s in spatial):
+            return i
+    return None
+
+
+def _pack_weight(sch: s_tir.Schedule, kernel: str, anchor: Any, tile: int) -> None:
+    """Read the anchor's weight through a copy in layout (other spatial axes, j // tile,
+    reduction axes, j % tile), the copy marked as a layout rewrite that the build runs once
+    on the constant (see ``build.schedule_module``)."""
+    func = sch.mod[kernel]
+    block = sch.get(anchor)
+    idx = weight_read(block, list(func.params))
+    if idx is None:
+        raise ScheduleRejected("pack_weight: the anchor reads no weight indexed by its columns and its reduction")
+    index = [r.min for r in block.reads[idx].region]
+    reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
+    last = [iv.var for iv in block.iter_vars if int(iv.iter_type) != 2][-1]
+    col = next(i for i, x in enumerate(index) if x.same_as(last))
+    ext = int(block.reads[idx].source.shape[col])
+    tile = min(tile, ext)
+    if tile <= 1 or ext % tile:
+        raise ScheduleRejected(f"pack_weight needs an inner column tile that divides {ext} (it is {tile})")
+    is_red = [any(x.same_as(r) for r in reduce) for x in index]
+
+    def packed(*ax: Any) -> list[Any]:
+        lead = [a for i, a in enumerate(ax) if i != col and not is_red[i]]
+        red = [a for i, a in enumerate(ax) if is_red[i]]
+        return [*lead, ax[col] // tile, *red, ax[col] % tile]
+
+    copy = sch.cache_read(anchor, idx, "global")
+    sch.transform_layout(anchor, ("read", idx), tirx.IndexMap.from_func(packed, ndim=len(index)))
+    sch.annotate(copy, "meta_schedule.layout_rewrite_preproc", True)
 
 
 def _is_plain_copy(block: Any) -> bool:

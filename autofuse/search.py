@@ -219,7 +219,7 @@ class PlanSpace:
             else:
                 shape = group_shape(g, group)
                 space = knob_space(nest, self.overrides, producers=shape.producers, epilogue=shape.epilogue,
-                                   side_reductions=shape.side_reductions)
+                                   side_reductions=shape.side_reductions, weight=shape.weight)
                 self._group_spaces[key] = (anchor_op(g, group), nest, space)
         return self._group_spaces[key]
 

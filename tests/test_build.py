@@ -236,3 +236,47 @@ def _default_partition(w):
     from autofuse.build import partition_of
 
     return partition_of(w.graph(True), w.reference_plan("default"))
+
+
+def _packable(w, fold: bool) -> list[bool]:
+    """Per group of the default partition: whether its knob space offers pack_weight."""
+    from autofuse.search import PlanSpace
+
+    g, space = w.graph(fold), PlanSpace(w)
+    part = [tuple(sorted(g.index()[o] for o in grp)) for grp in w.reference_plan("default", fold).groups]
+    return ["pack_weight" in space._group_space(fold, grp)[2] for grp in part]
+
+
+def test_pack_weight_is_offered_only_for_a_gemm_reading_a_constant_weight():
+    """gemm_bn's and mlp_gelu's GEMMs read bound weights; a convolution's weight is not read at
+    its output columns, attention's batched GEMMs read computed tensors, and with the
+    parameters as runtime inputs (fold_params=False) there is no constant to repack."""
+    assert _packable(get_workload("gemm_bn", tiny=True), True) == [True]
+    assert _packable(get_workload("mlp_gelu", tiny=True), True) == [True, True]
+    assert not any(_packable(get_workload("gemm_bn", tiny=True), False))
+    assert not any(_packable(get_workload("conv_bn_relu", tiny=True), True))
+    assert not any(_packable(get_workload("attention", tiny=True), True))
+
+
+@pytest.mark.parametrize("t1", [16, 8])
+def test_pack_weight_repacks_the_constant_at_build_time(t1):
+    """The GEMM reads its weight as (columns // tile, k, tile): the kernel's parameter has that
+    shape, no kernel repacks at run time (FoldConstant ran the repacking), and the result is
+    the reference's."""
+    w = get_workload("gemm_bn", tiny=True)  # x (16, 32) @ w.T (32, 32), one kernel in the default partition
+    plan = w.partition_plan([tuple(range(len(w.graph(True).ops)))], True, "packed", [{"pack_weight": True, "t1": t1}])
+    text = _scheduled_text(w, plan)
+    assert f"T.Buffer((T.int64({32 // t1}), T.int64(32), T.int64({t1})), \"float32\")" in text
+    assert "layout_rewrite_preproc" not in text
+    res = evaluate_plan(w, plan, LLVM, QUICK)
+    assert res["status"] == OK and res["correct"], res
+
+
+def test_pack_weight_where_no_weight_can_be_repacked_is_rejected():
+    from autofuse.build import partition_of
+
+    w = get_workload("conv_bn_relu", tiny=True)
+    part = partition_of(w.graph(True), w.reference_plan("default"))
+    plan = w.partition_plan(part, True, "bad", [{"pack_weight": True}] + [{} for _ in part[1:]])
+    with pytest.raises(ScheduleRejected, match="pack_weight: the anchor reads no weight"):
+        evaluate_plan(w, plan, LLVM, QUICK)

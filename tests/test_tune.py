@@ -224,6 +224,22 @@ def test_seed_trials_add_the_gemm_with_its_epilogue_apart():
     assert not [label for _, label in norm.seed_trials() if "epilogue-apart" in label]
 
 
+def test_seed_trials_repack_the_gemm_weight_where_there_is_one():
+    """gemm_bn's GEMM reads a constant weight: the default partition and the epilogue-apart one
+    are also seeded with it repacked (``pack_weight``), plain and with the wide register tile.
+    A convolution has no weight to repack, so no packed seed is measured there."""
+    from autofuse.search import PlanSpace
+    from autofuse.workload import get_workload
+
+    space = PlanSpace(get_workload("gemm_bn", tiny=True))
+    seeds = dict((label, params) for params, label in space.seed_trials())
+    for label in ("seed:packed", "seed:wide-packed", "seed:epilogue-apart:packed", "seed:epilogue-apart:wide-packed"):
+        plan = space.suggest(optuna.trial.FixedTrial(seeds[label]))[0]
+        assert plan.schedules[0].get("pack_weight") is True, (label, plan.schedules)
+    conv = PlanSpace(get_workload("conv_bn_relu", tiny=True))
+    assert not [label for _, label in conv.seed_trials() if "packed" in label]
+
+
 def test_seed_trials_put_a_stored_plan_first_and_skip_ones_outside_the_space():
     from autofuse.search import PlanSpace
     from autofuse.workload import get_workload
