@@ -250,10 +250,15 @@ def schedule_module(graph: Graph, plan: Plan, target: Target) -> tvm.IRModule:
         knobs = resolve_knobs(nest, by_first[group])
         apply_cpu(sch, fused.kernels[gi], anchor, knobs)
         packed |= knobs["pack_weight"]
-    if not packed:
-        return sch.mod
-    # every weight repacking becomes a function of its own, run once here on its constant
-    return tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()])(sch.mod)
+    return prepack_weights(sch.mod) if packed else sch.mod
+
+
+def prepack_weights(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every block marked as a weight layout rewrite becomes a function of its own, which
+    FoldConstant runs once, here, on the constant weight; the kernel then reads the result."""
+    passes = [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
+              relax.transform.DeadCodeElimination()]
+    return tvm.transform.Sequential(passes)(mod)
 
 
 def compile_module(mod: tvm.IRModule, target: Target, fast_math: bool = False) -> tvm.runtime.Executable:

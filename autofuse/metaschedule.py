@@ -1,6 +1,10 @@
 """TVM's own tuner as a peer: FuseOps' partition, each kernel tuned by MetaSchedule.
 
-MetaSchedule has no wall-clock budget, so it runs in a child process that is
+The weights are marked layout-free (``AttachAttrLayoutFreeBuffers``, as TVM's
+``static_shape_tuning_pipeline`` does with ``cpu_weight_prepack``), so MetaSchedule may
+pick a packed weight layout (its ``RewriteLayout`` postprocessor); the repacking then runs
+once at build time (``SplitLayoutRewritePreproc`` + ``FoldConstant``), as autofuse's
+``pack_weight`` does.  MetaSchedule has no wall-clock budget, so it runs in a child process that is
 killed when the budget is spent; its JSON database keeps every record committed
 so far, and the parent applies the best ones.  The builder skips the
 re-import of ``tvm.s_tir.tensor_intrin`` per worker (18 s each on this machine)
@@ -24,8 +28,9 @@ from autofuse.target import Target
 
 
 def fused_module(graph_mod: tvm.IRModule) -> tvm.IRModule:
-    """TVM's default fusion of an already legalized + annotated module."""
-    seq = [relax.transform.FuseOps(fuse_opt_level=2), relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()]
+    """TVM's default fusion of an already legalized + annotated module, weights marked layout-free."""
+    seq = [relax.transform.FuseOps(fuse_opt_level=2), relax.transform.FuseTIR(), relax.transform.DeadCodeElimination(),
+           relax.transform.AttachAttrLayoutFreeBuffers()]
     return tvm.transform.Sequential(seq)(graph_mod)
 
 
@@ -147,10 +152,12 @@ def apply_best(graph_mod: tvm.IRModule, target: Target, work_dir: Path) -> tuple
     """FuseOps' module with each kernel's best MetaSchedule schedule; (module, tuned, total kernels)."""
     from tvm.s_tir import meta_schedule as ms
 
+    from autofuse.build import prepack_weights
+
     mod = fused_module(graph_mod)
     db = ms.database.JSONDatabase(work_dir=str(work_dir))
     with _ms_target(target.spec), db:
         tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
     kernels = [gv for gv, f in tuned.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     scheduled = sum(1 for gv in kernels if tuned[gv].attrs and "tirx.is_scheduled" in tuned[gv].attrs)
-    return tuned, scheduled, len(kernels)
+    return prepack_weights(tuned), scheduled, len(kernels)

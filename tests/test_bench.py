@@ -52,6 +52,21 @@ def test_metaschedule_estimate_waits_for_every_task_and_skips_failed_records(tmp
     assert _estimate_ms(tmp_path) == pytest.approx(4.0)
 
 
+def test_metaschedule_may_pack_the_weights_as_autofuse_may():
+    """The peer gets TVM's weight prepacking (as ``cpu_weight_prepack`` in TVM's tuning
+    pipeline): the GEMM kernel MetaSchedule tunes marks its constant weight layout-free, so
+    MetaSchedule's RewriteLayout may repack it, as autofuse's pack_weight does."""
+    import tvm
+
+    from autofuse.metaschedule import fused_module
+    from autofuse.workload import get_workload
+
+    w = get_workload("gemm_bn", tiny=True)
+    kernels = [f for _, f in fused_module(w.graph(True).mod).functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    free = list(kernels[0].attrs["layout_free_buffers"])  # kernel params: x, the weight, bias and BN constants, out
+    assert len(kernels) == 1 and 1 in free and 0 not in free
+
+
 def test_bench_append_adds_spaces_to_the_report_and_refuses_another_budget(tmp_path):
     """A long bench split over runs: the second run's space joins the first's in one report
     (table, geomeans), each with its run's date; another budget is refused and changes nothing."""
