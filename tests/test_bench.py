@@ -129,6 +129,11 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     assert cmp["guided_ms"] == best_at(guided, n) and cmp["random_ms"] == best_at(rand, n)
     assert cmp["random_over_guided"] == pytest.approx(cmp["random_ms"] / cmp["guided_ms"])
     assert cmp["same_budget_random_over_guided"] == pytest.approx(rand[-1][1] / guided[-1][1])
+    sbs = cmp["side_by_side"]  # the two bests at equal trials, timed in the same rounds
+    assert sbs["random_over_guided"] > 0 and "error" not in sbs, sbs
+    if sbs["guided_plan"] != sbs["random_plan"]:
+        assert sbs["random_over_guided"] == pytest.approx(sbs["random_ms"] / sbs["guided_ms"])
+    assert f"{sbs['random_over_guided']:.2f}x** side by side at {n} measured" in (out / "bench.md").read_text()
     assert space["random_job"]["study"].endswith("-random")
     col = space["columns"]["random-search"]
     assert col["correct"] and col["samples"] == space["columns"]["autofuse"]["samples"] == 1, col
@@ -155,3 +160,12 @@ def test_time_to_95_percent_of_the_final_best():
     curve = [(1.0, 10.0), (4.0, 5.3), (7.0, 5.2), (300.0, 5.0)]
     assert reached_95pct_at(curve) == 7.0  # 5.2 <= 5.0 / 0.95; 5.3 is not
     assert reached_95pct_at([]) is None
+
+
+def test_the_tvm_sgemm_peak_computes_the_product():
+    """The roofline's peak FLOP/s may come from a TVM SGEMM on pre-packed weights (the BLAS
+    libraries present may not use the CPU's full vector width); it is checked against NumPy
+    and counts as 0 FLOP/s when wrong."""
+    from autofuse.bench.roofline import _tvm_sgemm_flops
+
+    assert _tvm_sgemm_flops(64) > 0

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autofuse.bench.curves import search_curves, search_vs_random
+from autofuse.bench.curves import best_plan_after, search_curves, search_vs_random
 from autofuse.db import PlanDB
 from autofuse.measure import Session, TimingConfig
 from autofuse.target import Target, num_threads
@@ -118,6 +118,26 @@ def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
     from contextlib import nullcontext
 
     return lambda _cfg, _before: nullcontext(ticker.study_update)
+
+
+def _side_by_side(w: Workload, target: Target, guided_json: str | None, random_json: str | None,
+                  rounds: int = 3) -> dict[str, Any] | None:
+    """The two searches' best plans after equal measured candidates, timed in interleaved
+    rounds (each job's own scores are anchored in its own minutes, so their ratio is not)."""
+    from autofuse.plan import Plan
+    from autofuse.runner import compare_plans
+
+    if not guided_json or not random_json:
+        return None
+    guided, rand = Plan.from_json(guided_json), Plan.from_json(random_json)
+    out: dict[str, Any] = {"guided_plan": guided.hash, "random_plan": rand.hash}
+    if guided.hash == rand.hash:
+        return {**out, "random_over_guided": 1.0}
+    r = compare_plans(w, [guided, rand], target, TimingConfig(repeats=5, min_repeat_ms=50, warmup=2), rounds)
+    if not r["correct"]:
+        return {**out, "error": r["error"]}
+    g, rnd = r["median_ms"]
+    return {**out, "guided_ms": g, "random_ms": rnd, "random_over_guided": rnd / g}
 
 
 def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
@@ -230,6 +250,10 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
             extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best,
                                    "study": rres.study}
             extra.update(search_vs_random(guided_by_measured, random_by_measured))
+            if "search_vs_random" in extra:
+                n = extra["search_vs_random"]["equal_trials"]
+                extra["search_vs_random"]["side_by_side"] = _side_by_side(
+                    w, target, best_plan_after(db_url, result.study, n), best_plan_after(db_url, rres.study, n))
         return runnable
 
     def random_col() -> _Runnable:

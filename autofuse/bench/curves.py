@@ -15,24 +15,43 @@ def search_curves(db_url: str, study_name: str) -> tuple[list[tuple[float, float
     spent), as tuners count measurement trials. Not measured: a plan suggested again (its
     earlier result is reused) and one the cost model skipped; both take milliseconds, and
     the guided search makes many more of them than random sampling does."""
+    by_time, by_measured = [], []
+    for seconds, measured, built, best in _best_so_far(db_url, study_name):
+        by_time.append((seconds, best.value))
+        if built:
+            by_measured.append((measured, best.value))
+    return by_time, by_measured
+
+
+def best_plan_after(db_url: str, study_name: str, n: int) -> str | None:
+    """Plan JSON of the study's best-so-far after ``n`` measured candidates (None before any)."""
+    plan = None
+    for _, measured, _, best in _best_so_far(db_url, study_name):
+        if measured > n:
+            break
+        plan = best.user_attrs.get("plan")
+    return plan
+
+
+def _best_so_far(db_url: str, study_name: str) -> list[tuple[float, int, bool, Any]]:
+    """Per finished trial, from the first verified plan on: (seconds since the first trial
+    started, candidates measured so far, whether this trial was one, best trial so far)."""
     import optuna
 
     study = optuna.load_study(study_name=study_name, storage=db_url)
     trials = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
     if not trials:
-        return [], []
+        return []
     t0 = min(t.datetime_start for t in trials)
-    best, measured, by_time, by_measured = math.inf, 0, [], []
+    best, measured, out = None, 0, []
     for t in trials:
         built = "seconds" in t.user_attrs  # not a repeat or a pre-screened plan
         measured += built
-        if t.state == optuna.trial.TrialState.COMPLETE and t.value < best:
-            best = t.value
-        if best < math.inf:
-            by_time.append(((t.datetime_complete - t0).total_seconds(), best))
-            if built:
-                by_measured.append((measured, best))
-    return by_time, by_measured
+        if t.state == optuna.trial.TrialState.COMPLETE and (best is None or t.value < best.value):
+            best = t
+        if best is not None:
+            out.append(((t.datetime_complete - t0).total_seconds(), measured, built, best))
+    return out
 
 
 def best_at(curve: list[tuple[int, float]] | list[list[float]], n: int) -> float | None:
@@ -49,7 +68,9 @@ def search_vs_random(guided: list[tuple[int, float]], rand: list[tuple[int, floa
     """Guided search (TPE, mutations, cost model) against random sampling of the same space,
     both from the same reference and seed plans, given their best-so-far per candidates
     measured: the best each had after the same number of measured candidates (the smaller
-    of the two counts), and at the end of the same wall-clock budget."""
+    of the two counts), and at the end of the same wall-clock budget.  These are each job's
+    own scores, anchored in its own first minutes; the bench also times the two plans at
+    equal trials side by side (``side_by_side``), which is the comparison to read."""
     out: dict[str, Any] = {"autofuse_trial_curve": guided, "random_trial_curve": rand}
     if guided and rand:
         n = min(guided[-1][0], rand[-1][0])

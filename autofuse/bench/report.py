@@ -24,10 +24,13 @@ def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
 
 
 def random_cell(cmp: dict[str, Any] | None) -> str:
-    """``random ms / guided ms`` at equal trials and at the end of the same budget."""
+    """``random ms / guided ms`` at equal trials (side by side, and by each job's scores) and,
+    by scores, at the end of the same budget."""
     if not cmp or not cmp.get("random_over_guided"):
         return ""
-    return (f"{cmp['random_over_guided']:.2f}x at {cmp['equal_trials']} measured; "
+    sbs = (cmp.get("side_by_side") or {}).get("random_over_guided")
+    return ((f"**{sbs:.2f}x** side by side at {cmp['equal_trials']} measured; scores: " if sbs else "scores: ")
+            + f"{cmp['random_over_guided']:.2f}x at {cmp['equal_trials']} measured, "
             f"{cmp['same_budget_random_over_guided']:.2f}x at the budget "
             f"({cmp['random_trials']} vs {cmp['guided_trials']} measured)")
 
@@ -84,10 +87,11 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
               + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items() if k != "autofuse") + "."]
     if vs_random:
         lines += ["", "Random search at equal trials: random sampling of the same space from the same reference "
-                  "and seed plans, tuned for the same budget after autofuse; its best after as many measured "
-                  "candidates as the shorter of the two runs built, over autofuse's best after as many (>1: the "
-                  "guided search is ahead), with that count; then the same ratio at the end of the budget, with "
-                  "each run's measured candidates. Curves: `bench_trials.png`. Each job's scores are on its own "
-                  "scale (anchored in its first minutes); the random-search column times random search's best plan "
-                  "in the same rounds as autofuse's."]
+                  "and seed plans, tuned for the same budget after autofuse. In bold, the two plans each search "
+                  "had as its best after as many measured candidates as the shorter of the two runs built, timed "
+                  "side by side (random over guided, >1: the guided search is ahead). Then the same ratio from "
+                  "each job's own scores, and by scores at the end of the budget, with each run's measured "
+                  "candidates. Each job's scores are on its own scale (anchored in its first minutes), so only "
+                  "the side-by-side ratio compares the searches; the random-search column times random search's "
+                  "final best in the same rounds as autofuse's. Curves: `bench_trials.png`."]
     return "\n".join(lines) + "\n"

@@ -18,7 +18,8 @@ from autofuse.workload import Workload
 
 
 def machine_peaks(seconds: float = 1.0) -> dict[str, float]:
-    """Peak FLOP/s from a large SGEMM through NumPy's BLAS, bandwidth from a large copy."""
+    """Peak FLOP/s from a large SGEMM through the fastest of NumPy's BLAS, onnxruntime and a
+    TVM kernel on pre-packed weights; bandwidth from a large copy."""
     n = 2048
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
@@ -48,6 +49,11 @@ def machine_peaks(seconds: float = 1.0) -> dict[str, float]:
             flops, source = 2 * n**3 / ort_best, "onnxruntime"
     except ImportError:
         pass
+    # The BLAS libraries present may not know this CPU (OpenBLAS and MLAS ran Zen 5 at half its
+    # AVX-512 rate, NOTES 26): a floor that autofuse's own kernels beat would be no floor.
+    tvm_flops = _tvm_sgemm_flops(n)
+    if tvm_flops > flops:
+        flops, source = tvm_flops, "TVM packed"
     # Copy bandwidth with as many threads as kernels use (one thread cannot saturate DRAM):
     # each thread copies its own slice; np.copyto releases the GIL.
     from concurrent.futures import ThreadPoolExecutor
@@ -90,6 +96,39 @@ def _tvm_copy_bandwidth(n: int, threads: int) -> float:
     tb = tvm.runtime.tensor(np.zeros(n, "float32"))
     r = rt.time_evaluator("main", tvm.cpu(), number=3, repeat=5)(ta, tb)
     return 2 * n * 4 / min(r.results)
+
+
+def _tvm_sgemm_flops(n: int, rows: int = 8, cols: int = 32) -> float:
+    """FLOP/s of an n^3 SGEMM compiled by TVM for this CPU: B pre-packed in column strips
+    (as ``pack_weight`` lays out a weight), an 8 x 32 register tile, strips in parallel.
+    0 if its result is wrong (then it is no peak at all)."""
+    import tvm
+    from tvm import s_tir, te
+
+    from autofuse.target import parse_target
+
+    a = te.placeholder((n, n), "float32", name="A")
+    b = te.placeholder((n // cols, n, cols), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[j // cols, k, j % cols], axis=k), name="C")
+    sch = s_tir.Schedule(te.create_prim_func([a, b, c]))
+    i, j, kk = sch.get_loops("C")
+    io, ii = sch.split(i, [None, rows])
+    jo, ji = sch.split(j, [None, cols])
+    sch.reorder(jo, io, kk, ii, ji)
+    sch.parallel(jo)
+    sch.vectorize(ji)
+    sch.decompose_reduction(sch.get_sblock("C"), kk)
+    rt = tvm.compile(sch.mod, parse_target("llvm").tvm()).jit()
+    rng = np.random.default_rng(0)
+    a_np, b_np = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    packed = np.ascontiguousarray(b_np.reshape(n, n // cols, cols).transpose(1, 0, 2))
+    args = [tvm.runtime.tensor(x) for x in (a_np, packed, np.zeros((n, n), "float32"))]
+    rt(*args)
+    if not np.allclose(args[2].numpy()[:rows], a_np[:rows] @ b_np, rtol=1e-3, atol=1e-3 * np.sqrt(n)):
+        return 0.0
+    r = rt.time_evaluator("main", tvm.cpu(), number=1, repeat=5)(*args)
+    return 2 * n**3 / min(r.results)
 
 
 def work_of(w: Workload) -> dict[str, float]:
