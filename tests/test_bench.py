@@ -134,6 +134,14 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     if sbs["guided_plan"] != sbs["random_plan"]:
         assert sbs["random_over_guided"] == pytest.approx(sbs["random_ms"] / sbs["guided_ms"])
     assert f"{sbs['random_over_guided']:.2f}x** side by side at {n} measured" in (out / "bench.md").read_text()
+    early = space["autofuse_early_best"]  # the best at 30% of the budget against the final one, side by side
+    assert early["at_s"] == pytest.approx(1.5)
+    if early["early_plan"] is None:  # a tiny 5 s budget may have no verified plan 1.5 s in
+        assert "no verified plan yet at 2 s" in (out / "bench.md").read_text()
+    else:
+        assert early["final_plan"] in space["columns"]["autofuse"]["note"]
+        assert early["final_over_early"] > 0 and "error" not in early, early
+        assert f"{100 * early['final_over_early']:.0f}% of the final best at 2 s" in (out / "bench.md").read_text()
     assert space["random_job"]["study"].endswith("-random")
     col = space["columns"]["random-search"]
     assert col["correct"] and col["samples"] == space["columns"]["autofuse"]["samples"] == 1, col
@@ -169,3 +177,22 @@ def test_the_tvm_sgemm_peak_computes_the_product():
     from autofuse.bench.roofline import _tvm_sgemm_flops
 
     assert _tvm_sgemm_flops(64) > 0
+
+
+def test_two_plans_are_compared_side_by_side_and_one_plan_is_not_timed():
+    """What the bench's search checks rest on: two plans checked and timed in the same rounds
+    (the ratio is of those medians), a plan against itself is 1.0 without timing, and a
+    missing plan (no verified plan yet) gives no comparison."""
+    from autofuse.bench.columns import _side_by_side
+    from autofuse.target import parse_target
+    from autofuse.workload import get_workload
+
+    w = get_workload("ew_chain", tiny=True)
+    default, unfused = (w.reference_plan(p).to_json() for p in ("default", "unfused"))
+    r = _side_by_side(w, parse_target("llvm"), unfused, default, ("early", "final"), rounds=2)
+    assert r["early_plan"] == w.reference_plan("unfused").hash and r["final_plan"] == w.reference_plan("default").hash
+    assert r["final_over_early"] == pytest.approx(r["final_ms"] / r["early_ms"]) and r["final_ms"] > 0
+    same = _side_by_side(w, parse_target("llvm"), default, default, ("guided", "random"))
+    assert same == {"guided_plan": w.reference_plan("default").hash, "random_plan": w.reference_plan("default").hash,
+                    "random_over_guided": 1.0}
+    assert _side_by_side(w, parse_target("llvm"), None, default, ("early", "final")) is None

@@ -23,11 +23,12 @@ def search_curves(db_url: str, study_name: str) -> tuple[list[tuple[float, float
     return by_time, by_measured
 
 
-def best_plan_after(db_url: str, study_name: str, n: int) -> str | None:
-    """Plan JSON of the study's best-so-far after ``n`` measured candidates (None before any)."""
+def best_plan_after(db_url: str, study_name: str, n: int | None = None, seconds: float | None = None) -> str | None:
+    """Plan JSON of the study's best-so-far after ``n`` measured candidates, or ``seconds``
+    after its first trial started (None before any verified plan)."""
     plan = None
-    for _, measured, _, best in _best_so_far(db_url, study_name):
-        if measured > n:
+    for t, measured, _, best in _best_so_far(db_url, study_name):
+        if (n is not None and measured > n) or (seconds is not None and t > seconds):
             break
         plan = best.user_attrs.get("plan")
     return plan
