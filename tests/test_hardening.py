@@ -324,7 +324,7 @@ def test_four_workers_and_a_polling_reader_share_one_sqlite_study(tmp_path):
     fig = concurrency_scenario(tmp_path, trials=12)
     assert fig["job_rc"] == 0, fig.get("stderr")
     assert fig["finished"] >= fig["expected_trials"] and fig["running_left"] == 0
-    assert fig["locked_errors_seen_by_user"] == 0 and fig["reader_errors"] == 0, fig["reader"]
+    assert fig["locked_errors_seen_by_user"] == 0 and fig["reader_errors"] == 0, fig["reader"]["samples"] or fig["reader"]
     assert fig["reader"]["ok"] >= 1 and fig["integrity"] == "ok"
 
 
