@@ -3,7 +3,6 @@ within 5% of its final best, and how it compares with random sampling at equal t
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 
