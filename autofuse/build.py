@@ -212,10 +212,10 @@ def _reads_constant_weight(graph: Graph, group: tuple[int, ...]) -> bool:
     sch = s_tir.Schedule(func)
     block = sch.get(sch.get_child_blocks(sch.get_sblock("root"))[b])
     params = list(func.params)  # in TVM 0.27 the parameters are the buffers themselves
-    r = weight_read(block, params)
-    if r is None:
+    found = weight_read(block, params)
+    if found is None:
         return False
-    pos = next(j for j, p in enumerate(params) if p.same_as(block.reads[r].source))
+    pos = next(j for j, p in enumerate(params) if p.same_as(block.reads[found[0]].source))
     return pos < len(op.args) and op.args[pos].startswith("const:")
 
 

@@ -17,6 +17,12 @@ the anchor's loop nest and say where every other block of the group goes:
   ``rows x k_block`` slice of A and ``k_block x columns`` slice of B at a time (the blocking
   of GotoBLAS), adding each block's products to the output; epilogue and producers then run
   at root, after / before the whole reduction.
+- ``vector_axis``: the spatial loop whose inner tile runs innermost, the one vectorized
+  (default: the last).  Offered for convolutions (four spatial loops and a reduction):
+  with the output channels as the vector axis, each step of the reduction loads one
+  vector of weights (contiguous with ``pack_weight``) and broadcasts one input value per
+  output column, the micro-kernel of direct convolutions in NCHWc libraries (oneDNN, MLAS)
+  instead of one vector of input columns and one broadcast weight per channel.
 - ``parallel``: how many outer spatial tile loops (in that order) are fused into one
   parallel loop.
 - ``vector``: vectorize the innermost spatial loop; ``unroll``: auto-unroll max step.
@@ -50,7 +56,8 @@ from tvm import s_tir, tirx
 from autofuse.plan import PlanError
 
 BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue", "pack_weight")
-INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector", "outer_first", "k_block")
+INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector", "outer_first", "k_block",
+             "vector_axis")
 K_BLOCKS = (64, 128, 256, 512)
 UNROLL_STEPS = (0, 16, 64, 256)
 REDUCE_VECTOR_WIDTHS = (0, 8, 16, 32, 64)
@@ -132,7 +139,7 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
         # (padding, GELU) would be recomputed for every column tile
         inline_producers=not nest.has_reduction,
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
-        reduce_vector=16, outer_first=0, k_block=0, pack_weight=False,
+        reduce_vector=16, outer_first=0, k_block=0, pack_weight=False, vector_axis=max(0, n - 1),
     )
     if n >= 4 and nest.has_reduction and nest.spatial[2] >= 16:
         # NCHW convolution: image rows outermost and in parallel, padding (or a producer) made
@@ -142,14 +149,16 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
     return knobs
 
 
-SEED_TEMPLATES = ("inline", "wide", "packed", "wide-packed")
+SEED_TEMPLATES = ("inline", "wide", "packed", "wide-packed", "channels-vector")
 
 
 def seed_schedule(nest: LoopNest, template: str) -> dict[str, Any]:
     """Knob overrides of the default schedule that often beat it, measured first by a new
     study: ``inline`` computes producers in their readers; ``wide`` doubles the register
     tile's columns (16 -> 32 accumulators per row); ``packed`` repacks a GEMM's constant
-    weight (``pack_weight``; dropped where the group has none); ``wide-packed`` both."""
+    weight (``pack_weight``; dropped where the group has none); ``wide-packed`` both;
+    ``channels-vector`` makes a convolution's output channels its vector axis
+    (``vector_axis``), 16 at a time, with its weight packed to match."""
     if template == "inline":
         return {"inline_producers": True}
     if template == "wide":
@@ -162,6 +171,10 @@ def seed_schedule(nest: LoopNest, template: str) -> dict[str, Any]:
     if template == "wide-packed":
         wide = seed_schedule(nest, "wide")
         return {**wide, "pack_weight": True} if wide else {}
+    if template == "channels-vector":
+        if len(nest.spatial) >= 4 and nest.has_reduction and nest.reduce[0] > 1 and nest.spatial[1] % 8 == 0:
+            return {"vector_axis": 1, "t1": _largest_divisor(nest.spatial[1], 16), "pack_weight": True}
+        return {}
     raise ValueError(f"unknown seed template {template!r}")
 
 
@@ -200,6 +213,8 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, produ
         space["reduce_vector"] = list(REDUCE_VECTOR_WIDTHS)
     if weight:
         space["pack_weight"] = [False, True]
+    if n >= 4 and nest.has_reduction:
+        space["vector_axis"] = [a for a in range(n) if nest.spatial[a] > 1 or a == n - 1]
     if nest.has_reduction and any(2 * b <= nest.reduce[0] for b in K_BLOCKS):
         space["k_block"] = [0] + [b for b in K_BLOCKS if 2 * b <= nest.reduce[0]]
     for key, value in default_knobs(nest).items():  # the default schedule is always a point of the space
@@ -223,6 +238,8 @@ def resolve_knobs(nest: LoopNest, knobs: dict[str, Any]) -> dict[str, Any]:
             ext = (nest.spatial if key[0] == "t" else nest.reduce)[int(key[1:])]
             if not 1 <= value <= ext:
                 raise PlanError(f"tile {key}={value} is out of range 1..{ext} (loop extent {ext})")
+        elif key == "vector_axis" and not 0 <= value < max(1, len(nest.spatial)):
+            raise PlanError(f"vector_axis={value} is out of range 0..{max(1, len(nest.spatial)) - 1}")
         elif key == "outer_first" and not 0 <= value < max(1, len(nest.spatial)):
             raise PlanError(f"outer_first={value} is out of range 0..{max(1, len(nest.spatial)) - 1}")
         elif key == "parallel" and not 0 <= value <= len(nest.spatial):
@@ -286,6 +303,7 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
     if len(loops) != len(iters):
         raise ScheduleRejected(f"anchor block {anchor_name} has a loop nest autofuse cannot tile")
     s_outer, s_inner, r_outer, r_inner = [], [], [], []
+    inner_axes = []  # the spatial axis of each loop in s_inner
     blocks = []  # the k_block loop, outermost
     si = ri = 0
     for loop, iv in zip(loops, iters):
@@ -300,6 +318,8 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
         else:
             t, si = k[f"t{si}"], si + 1
             outer, inner = s_outer, s_inner
+        if t > 1 and inner is s_inner:
+            inner_axes.append(si - 1)
         if t <= 1:
             outer.append(loop)
         elif t >= ext:
@@ -314,6 +334,8 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
             acc *= int(sch.get(loop).extent)
         if acc > MAX_ACCUMULATORS:  # LLVM spends minutes allocating registers for such tiles, to no gain
             raise ScheduleRejected(f"register tile of {acc} accumulators exceeds {MAX_ACCUMULATORS}")
+    if k["vector_axis"] in inner_axes:
+        s_inner.append(s_inner.pop(inner_axes.index(k["vector_axis"])))
     if 0 < k["outer_first"] < len(s_outer):
         s_outer.insert(0, s_outer.pop(k["outer_first"]))
     sch.reorder(*(blocks + s_outer + r_outer + r_inner + s_inner))
@@ -340,6 +362,10 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
         return tile_loops[min(pos, len(tile_loops) - 1)]
 
     placed = {anchor_name}
+    if k["vector_axis"] in inner_axes[:-1]:
+        if not tile_loops or blocks:  # the local tile needs a tile loop holding whole sums
+            raise ScheduleRejected(f"vector_axis={k['vector_axis']} needs an outer tile loop and k_block=0")
+        placed.add(_accumulate_locally(sch, anchor, tile_loops[-1], k["vector_axis"]))
     for name in after:
         loop = at(k["epilogue_at"])
         # Only an epilogue fed by the anchor's tile alone may move into the tile: TVM's
@@ -364,15 +390,30 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
     for name in partial_sums:
         _vectorize_partial_sums(sch, name, k)
     if k["pack_weight"]:
-        _pack_weight(sch, kernel, anchor, k[f"t{si - 1}"] if si else 1)
+        _pack_weight(sch, kernel, anchor, k)
     if blocks or r_outer or r_inner:
         sch.decompose_reduction(anchor, (blocks or r_outer or r_inner)[0])
 
 
-def weight_read(block: Any, params: list[Any]) -> int | None:
-    """Index (in ``block.reads``) of the operand ``pack_weight`` repacks: a buffer of
-    ``params`` read at the block's last spatial iterator and a reduction iterator, and not
-    at every spatial one (that is the accumulator): a GEMM's ``B[k, j]``.  None if none."""
+def _accumulate_locally(sch: s_tir.Schedule, anchor: Any, tile_loop: Any, axis: int) -> str:
+    """The anchor accumulates its tile in a local buffer with ``axis`` innermost (its vector
+    axis), written back to the output once per tile: a vector along an axis that is not
+    the output's innermost would otherwise be a gather and a scatter per reduction step."""
+    write_back = sch.cache_write(anchor, 0, "local")
+    sch.reverse_compute_at(write_back, tile_loop)
+    ndim = len(sch.get(anchor).writes[0].region)
+    sch.transform_layout(anchor, ("write", 0), tirx.IndexMap.from_func(
+        lambda *ax: [a for i, a in enumerate(ax) if i != axis] + [ax[axis]], ndim=ndim))
+    return sch.get(write_back).name_hint
+
+
+def weight_read(block: Any, params: list[Any]) -> tuple[int, int] | None:
+    """(index in ``block.reads``, spatial axis) of the operand ``pack_weight`` repacks: a
+    buffer of ``params`` read at plain iterators, at least one a reduction and one a spatial
+    iterator, but not at the first spatial one (a GEMM's rows, a convolution's images: a
+    weight is shared by all of them).  A GEMM's ``B[k, j]`` (axis: the columns j), a
+    convolution's ``W[c, rc, rh, rw]`` (axis: the output channels c); the axis is the
+    innermost spatial iterator that indexes the weight.  None if none."""
     spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) != 2]
     reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
     if not spatial or not reduce:
@@ -386,29 +427,32 @@ def weight_read(block: Any, params: list[Any]) -> int | None:
             continue
         index = [r.min for r in region.region]
         if not all(any(x.same_as(v) for v in spatial + reduce) for x in index):
-            continue  # an index that is not a plain iterator (a convolution's h + rh)
-        if used(spatial[-1], index) and any(used(r, index) for r in reduce) and not all(used(s, index) for s in spatial):
-            return i
+            continue  # an index that is not a plain iterator (a convolution's input, h + rh)
+        axes = [a for a, s in enumerate(spatial) if used(s, index)]
+        if axes and axes[0] > 0 and any(used(r, index) for r in reduce):
+            return i, axes[-1]
     return None
 
 
-def _pack_weight(sch: s_tir.Schedule, kernel: str, anchor: Any, tile: int) -> None:
-    """Read the anchor's weight through a copy in layout (other spatial axes, j // tile,
-    reduction axes, j % tile), the copy marked as a layout rewrite that the build runs once
-    on the constant (see ``build.schedule_module``)."""
+def _pack_weight(sch: s_tir.Schedule, kernel: str, anchor: Any, k: dict[str, Any]) -> None:
+    """Read the anchor's weight through a copy in layout (other spatial axes, c // tile,
+    reduction axes, c % tile), c the weight's spatial axis and tile its inner tile (``t<c>``),
+    the copy marked as a layout rewrite that the build runs once on the constant (see
+    ``build.schedule_module``)."""
     func = sch.mod[kernel]
     block = sch.get(anchor)
-    idx = weight_read(block, list(func.params))
-    if idx is None:
-        raise ScheduleRejected("pack_weight: the anchor reads no weight indexed by its columns and its reduction")
+    found = weight_read(block, list(func.params))
+    if found is None:
+        raise ScheduleRejected("pack_weight: the anchor reads no weight indexed by its outputs and its reduction")
+    idx, axis = found
     index = [r.min for r in block.reads[idx].region]
     reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
-    last = [iv.var for iv in block.iter_vars if int(iv.iter_type) != 2][-1]
-    col = next(i for i, x in enumerate(index) if x.same_as(last))
+    var = [iv.var for iv in block.iter_vars if int(iv.iter_type) != 2][axis]
+    col = next(i for i, x in enumerate(index) if x.same_as(var))
     ext = int(block.reads[idx].source.shape[col])
-    tile = min(tile, ext)
+    tile = min(k[f"t{axis}"], ext)
     if tile <= 1 or ext % tile:
-        raise ScheduleRejected(f"pack_weight needs an inner column tile that divides {ext} (it is {tile})")
+        raise ScheduleRejected(f"pack_weight needs an inner tile t{axis} that divides {ext} (it is {tile})")
     is_red = [any(x.same_as(r) for r in reduce) for x in index]
 
     def packed(*ax: Any) -> list[Any]:

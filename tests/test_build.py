@@ -247,14 +247,16 @@ def _packable(w, fold: bool) -> list[bool]:
     return ["pack_weight" in space._group_space(fold, grp)[2] for grp in part]
 
 
-def test_pack_weight_is_offered_only_for_a_gemm_reading_a_constant_weight():
-    """gemm_bn's and mlp_gelu's GEMMs read bound weights; a convolution's weight is not read at
-    its output columns, attention's batched GEMMs read computed tensors, and with the
-    parameters as runtime inputs (fold_params=False) there is no constant to repack."""
+def test_pack_weight_is_offered_where_the_anchor_reads_a_constant_weight():
+    """gemm_bn's and mlp_gelu's GEMMs and the convolutions read bound weights; attention's
+    batched GEMMs read computed tensors, and with the parameters as runtime inputs
+    (fold_params=False) there is no constant to repack."""
     assert _packable(get_workload("gemm_bn", tiny=True), True) == [True]
     assert _packable(get_workload("mlp_gelu", tiny=True), True) == [True, True]
+    assert _packable(get_workload("conv_bn_relu", tiny=True), True) == [True]
+    assert _packable(get_workload("resnet_block", tiny=True), True) == [True, True]
     assert not any(_packable(get_workload("gemm_bn", tiny=True), False))
-    assert not any(_packable(get_workload("conv_bn_relu", tiny=True), True))
+    assert not any(_packable(get_workload("conv_bn_relu", tiny=True), False))
     assert not any(_packable(get_workload("attention", tiny=True), True))
 
 
@@ -272,11 +274,59 @@ def test_pack_weight_repacks_the_constant_at_build_time(t1):
     assert res["status"] == OK and res["correct"], res
 
 
-def test_pack_weight_where_no_weight_can_be_repacked_is_rejected():
-    from autofuse.build import partition_of
+@pytest.mark.parametrize("t1", [8, 4])
+def test_pack_weight_repacks_a_convolution_weight_by_output_channels(t1):
+    """A convolution's weight W[c, rc, rh, rw] is read as (c // tile, rc, rh, rw, tile), tile
+    the output-channel tile t1, repacked at build time; the result is the reference's."""
+    w = get_workload("conv_bn_relu", tiny=True)  # W (8, 8, 3, 3)
+    part = _default_partition(w)
+    plan = w.partition_plan(part, True, "packed", [{"pack_weight": True, "t1": t1}] + [{} for _ in part[1:]])
+    text = _scheduled_text(w, plan)
+    assert f"T.Buffer((T.int64({8 // t1}), T.int64(8), T.int64(3), T.int64(3), T.int64({t1})), \"float32\")" in text
+    assert "layout_rewrite_preproc" not in text
+    res = evaluate_plan(w, plan, LLVM, QUICK)
+    assert res["status"] == OK and res["correct"], res
 
-    w = get_workload("conv_bn_relu", tiny=True)
-    part = partition_of(w.graph(True), w.reference_plan("default"))
+
+def test_pack_weight_where_no_weight_can_be_repacked_is_rejected():
+    w = get_workload("attention", tiny=True)  # its GEMMs read computed tensors, indexed by the batch
+    part = _default_partition(w)
     plan = w.partition_plan(part, True, "bad", [{"pack_weight": True}] + [{} for _ in part[1:]])
     with pytest.raises(ScheduleRejected, match="pack_weight: the anchor reads no weight"):
         evaluate_plan(w, plan, LLVM, QUICK)
+
+
+def test_vector_axis_is_offered_for_convolutions_only():
+    from autofuse.schedule import LoopNest
+
+    assert knob_space(LoopNest((1, 8, 8, 8), (8, 3, 3)))["vector_axis"] == [1, 2, 3]
+    assert "vector_axis" not in knob_space(LoopNest((16, 32), (32,)))  # a GEMM vectorizes its columns
+    assert "vector_axis" not in knob_space(LoopNest((1, 8, 8, 8), ()))  # element-wise
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_vector_axis_over_channels_accumulates_a_local_tile(pack):
+    """With the output channels as the vector axis, the convolution sums into a local tile
+    whose innermost axis is the channels (a vector there is contiguous), written back once per
+    tile; the result is the reference's, with the weight packed to match or not."""
+    w = get_workload("conv_bn_relu", tiny=True)
+    part = _default_partition(w)
+    knobs = {"vector_axis": 1, "t1": 8, "t3": 4, "pack_weight": pack}
+    plan = w.partition_plan(part, True, "channels", [knobs] + [{} for _ in part[1:]])
+    text = _scheduled_text(w, plan)
+    assert 'scope="local")' in text
+    assert ("T.int64(3), T.int64(8)), \"float32\")" in text) == pack
+    res = evaluate_plan(w, plan, LLVM, QUICK)
+    assert res["status"] == OK and res["correct"], res
+
+
+def test_vector_axis_needs_whole_sums_in_a_tile():
+    from autofuse.schedule import LoopNest, resolve_knobs
+
+    w = get_workload("conv_bn_relu", tiny=True)
+    part = _default_partition(w)
+    plan = w.partition_plan(part, True, "bad", [{"vector_axis": 1, "t1": 8, "k_block": 2}] + [{} for _ in part[1:]])
+    with pytest.raises(ScheduleRejected, match="vector_axis=1 needs an outer tile loop"):
+        evaluate_plan(w, plan, LLVM, QUICK)
+    with pytest.raises(PlanError, match="vector_axis=4 is out of range"):
+        resolve_knobs(LoopNest((1, 8, 8, 8), (8, 3, 3)), {"vector_axis": 4})

@@ -224,10 +224,12 @@ def test_seed_trials_add_the_gemm_with_its_epilogue_apart():
     assert not [label for _, label in norm.seed_trials() if "epilogue-apart" in label]
 
 
-def test_seed_trials_repack_the_gemm_weight_where_there_is_one():
+def test_seed_trials_repack_the_weight_where_there_is_one():
     """gemm_bn's GEMM reads a constant weight: the default partition and the epilogue-apart one
     are also seeded with it repacked (``pack_weight``), plain and with the wide register tile.
-    A convolution has no weight to repack, so no packed seed is measured there."""
+    A convolution is seeded with its weight packed by output channels, and with the channels
+    as its vector axis; attention's GEMMs read no constant, so no packed seed is measured
+    there."""
     from autofuse.search import PlanSpace
     from autofuse.workload import get_workload
 
@@ -237,7 +239,13 @@ def test_seed_trials_repack_the_gemm_weight_where_there_is_one():
         plan = space.suggest(optuna.trial.FixedTrial(seeds[label]))[0]
         assert plan.schedules[0].get("pack_weight") is True, (label, plan.schedules)
     conv = PlanSpace(get_workload("conv_bn_relu", tiny=True))
-    assert not [label for _, label in conv.seed_trials() if "packed" in label]
+    seeds = dict((label, params) for params, label in conv.seed_trials())
+    plan = conv.suggest(optuna.trial.FixedTrial(seeds["seed:channels-vector"]))[0]
+    assert {k: plan.schedules[0].get(k) for k in ("vector_axis", "t1", "pack_weight")} == \
+        {"vector_axis": 1, "t1": 8, "pack_weight": True}
+    assert "seed:packed" in seeds
+    attention = PlanSpace(get_workload("attention", tiny=True))
+    assert not [label for _, label in attention.seed_trials() if "packed" in label or "channels" in label]
 
 
 def test_seed_trials_put_a_stored_plan_first_and_skip_ones_outside_the_space():
