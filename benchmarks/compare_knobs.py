@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/compare_knobs.py conv_bn_relu \
         '{"rows": {"outer_first": 2, "parallel": 1, "producer_at": 0}}'
     .venv/bin/python benchmarks/compare_knobs.py mlp_gelu --kind gemm '{"cols": {"outer_first": 1}}'
+    .venv/bin/python benchmarks/compare_knobs.py conv_bn_relu --base results/plans/conv_bn_relu_s13_best.json \
+        '{"pack": {"pack_weight": true}, "pack+channels": {"pack_weight": true, "vector_axis": 1}}'
 
 Prints, per variant, the median of 10 repeats in each of 3 rounds (ms); every variant is
 checked against the reference first.  ``--kind`` picks the groups the overrides apply to:
@@ -10,7 +12,9 @@ checked against the reference first.  ``--kind`` picks the groups the overrides 
 reduction) or ``all``.  With ``--old-default``, the variant "old-default" is the
 convolution schedule autofuse used before rows-first (results/NOTES.md section 9).
 With ``--fast-math``, every variant is also measured with the plan's ``fast_math`` on
-(results/NOTES.md section 14).
+(results/NOTES.md section 14).  With ``--base PLAN.json``, the variants start from that
+plan (its partition and schedules, the overrides merged into the chosen groups'), and
+"default" names the plan itself.
 """
 
 from __future__ import annotations
@@ -44,20 +48,22 @@ def main() -> None:
     ap.add_argument("--old-default", action="store_true")
     ap.add_argument("--fast-math", action="store_true", help="also each variant with fast_math on")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--base", help="a plan file to start from instead of the default plan")
     args = ap.parse_intermixed_args()
     variants = {"default": {}, **json.loads(args.variants)}
     if args.old_default:
         variants["old-default"] = OLD_DEFAULT
     w = get_workload(args.space)
     g = w.graph(True)
-    base = w.resolve_plan("default")
+    base = Plan.from_json(open(args.base).read()) if args.base else w.resolve_plan("default")
     groups = partition_of(g, base)
+    given = {tuple(sorted(g.index()[o] for o in grp)): sch for grp, sch in zip(base.groups, base.schedules)}
     plans = {}
     for name, overrides in variants.items():
         schedules = []
         for group in groups:
             _, nest = group_anchor(g, group)
-            schedules.append(dict(overrides) if _chosen(nest, args.kind) else {})
+            schedules.append({**given[group], **(overrides if _chosen(nest, args.kind) else {})})
         d = json.loads(base.to_json())
         d["groups"] = [{"ops": [g.ops[i].name for i in group], "schedule": s} for group, s in zip(groups, schedules)]
         plans[name] = Plan.from_json(json.dumps(d))
