@@ -190,6 +190,26 @@ def test_a_candidate_slower_than_the_cutoff_is_timed_once(cutoff_ms, repeats):
     assert res["repeats"] == repeats and len(res["samples_ms"]) == repeats and res["median_ms"] > 0
 
 
+def test_one_slow_call_alone_does_not_cut_the_timing(monkeypatch):
+    """A first call over the cutoff is followed by a second; only when that one is slow too
+    is the candidate timed once.  Here the first call "took" 1000 s, the second was real."""
+    from autofuse import measure
+
+    real, calls = measure.Session._call_ms, []
+
+    def first_call_slow(self, args):
+        calls.append(real(self, args))
+        return 1e6 if len(calls) == 1 else calls[-1]
+
+    monkeypatch.setattr(measure.Session, "_call_ms", first_call_slow)
+    w = get_workload("ew_chain", True)
+    timing = {"repeats": 3, "min_repeat_ms": 1, "warmup": 1, "cutoff_ms": 1000.0}
+    res = run_task({"space": "ew_chain", "tiny": True, "plan": w.reference_plan("default").to_json(),
+                    "target": "llvm", "timing": timing})
+    assert res["status"] == OK and res["correct"]
+    assert len(calls) == 2 and res["repeats"] == 3 and max(res["samples_ms"]) < 1000.0
+
+
 def test_a_plan_suggested_again_in_a_job_is_not_measured_again(tmp_path):
     from autofuse.job import JobConfig, prepare_study, run_job
     from autofuse.measure import TimingConfig
