@@ -215,7 +215,7 @@ def _reads_constant_weight(graph: Graph, group: tuple[int, ...]) -> bool:
     found = weight_read(block, params)
     if found is None:
         return False
-    pos = next(j for j, p in enumerate(params) if p.same_as(block.reads[found[0]].source))
+    pos = next(j for j, p in enumerate(params) if p.same_as(block.reads[found.read].source))
     return pos < len(op.args) and op.args[pos].startswith("const:")
 
 

@@ -48,7 +48,7 @@ the reason; no TVM exception escapes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 from tvm import s_tir, tirx
@@ -116,6 +116,11 @@ def _largest_divisor(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
+def _sums_input_channels(nest: LoopNest) -> bool:
+    """An NCHW convolution whose first reduction runs over input channels (not a depthwise one)."""
+    return len(nest.spatial) >= 4 and nest.has_reduction and nest.reduce[0] > 1
+
+
 def default_knobs(nest: LoopNest) -> dict[str, Any]:
     """Simple rules: vector-width inner tile, a register tile of 8 rows (8 output channels
     for a convolution) when there is a reduction, two outer loops in parallel, epilogue
@@ -125,7 +130,7 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
     knobs.update({f"r{j}": 1 for j in range(len(nest.reduce))})
     if n:
         knobs[f"t{n - 1}"] = _largest_divisor(nest.spatial[-1], 16)
-    if n >= 4 and nest.has_reduction and nest.reduce[0] > 1:
+    if _sums_input_channels(nest):
         # NCHW conv over input channels: 8 output channels x 16 columns, so every input
         # vector loaded feeds 8 accumulators (a 4-row tile of one channel feeds one)
         knobs["t1"] = _largest_divisor(nest.spatial[1], 8)
@@ -172,7 +177,7 @@ def seed_schedule(nest: LoopNest, template: str) -> dict[str, Any]:
         wide = seed_schedule(nest, "wide")
         return {**wide, "pack_weight": True} if wide else {}
     if template == "channels-vector":
-        if len(nest.spatial) >= 4 and nest.has_reduction and nest.reduce[0] > 1 and nest.spatial[1] % 8 == 0:
+        if _sums_input_channels(nest) and nest.spatial[1] % 8 == 0:
             return {"vector_axis": 1, "t1": _largest_divisor(nest.spatial[1], 16), "pack_weight": True}
         return {}
     raise ValueError(f"unknown seed template {template!r}")
@@ -334,7 +339,8 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
             acc *= int(sch.get(loop).extent)
         if acc > MAX_ACCUMULATORS:  # LLVM spends minutes allocating registers for such tiles, to no gain
             raise ScheduleRejected(f"register tile of {acc} accumulators exceeds {MAX_ACCUMULATORS}")
-    if k["vector_axis"] in inner_axes:
+    moved = k["vector_axis"] in inner_axes[:-1]  # not the output's innermost axis: summed in a local tile
+    if moved:
         s_inner.append(s_inner.pop(inner_axes.index(k["vector_axis"])))
     if 0 < k["outer_first"] < len(s_outer):
         s_outer.insert(0, s_outer.pop(k["outer_first"]))
@@ -362,7 +368,7 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
         return tile_loops[min(pos, len(tile_loops) - 1)]
 
     placed = {anchor_name}
-    if k["vector_axis"] in inner_axes[:-1]:
+    if moved:
         if not tile_loops or blocks:  # the local tile needs a tile loop holding whole sums
             raise ScheduleRejected(f"vector_axis={k['vector_axis']} needs an outer tile loop and k_block=0")
         placed.add(_accumulate_locally(sch, anchor, tile_loops[-1], k["vector_axis"]))
@@ -407,10 +413,19 @@ def _accumulate_locally(sch: s_tir.Schedule, anchor: Any, tile_loop: Any, axis: 
     return sch.get(write_back).name_hint
 
 
-def weight_read(block: Any, params: list[Any]) -> tuple[int, int] | None:
-    """(index in ``block.reads``, spatial axis) of the operand ``pack_weight`` repacks: a
-    buffer of ``params`` read at plain iterators, at least one a reduction and one a spatial
-    iterator, but not at the first spatial one (a GEMM's rows, a convolution's images: a
+class WeightRead(NamedTuple):
+    """Where a block reads the weight ``pack_weight`` repacks."""
+
+    read: int  # index in ``block.reads``
+    axis: int  # the block's spatial axis whose inner tile packs it
+    dim: int  # the weight's dimension that axis indexes
+    reduced: tuple[bool, ...]  # per weight dimension: indexed by a reduction iterator
+
+
+def weight_read(block: Any, params: list[Any]) -> WeightRead | None:
+    """Where the block reads the operand ``pack_weight`` repacks: a buffer of ``params``
+    read at plain iterators, at least one a reduction and one a spatial iterator, but not
+    at the first spatial one (a GEMM's rows, a convolution's images: a
     weight is shared by all of them).  A GEMM's ``B[k, j]`` (axis: the columns j), a
     convolution's ``W[c, rc, rh, rw]`` (axis: the output channels c); the axis is the
     innermost spatial iterator that indexes the weight.  None if none."""
@@ -429,8 +444,10 @@ def weight_read(block: Any, params: list[Any]) -> tuple[int, int] | None:
         if not all(any(x.same_as(v) for v in spatial + reduce) for x in index):
             continue  # an index that is not a plain iterator (a convolution's input, h + rh)
         axes = [a for a, s in enumerate(spatial) if used(s, index)]
-        if axes and axes[0] > 0 and any(used(r, index) for r in reduce):
-            return i, axes[-1]
+        reduced = tuple(any(x.same_as(r) for r in reduce) for x in index)
+        if axes and axes[0] > 0 and any(reduced):
+            dim = next(d for d, x in enumerate(index) if x.same_as(spatial[axes[-1]]))
+            return WeightRead(i, axes[-1], dim, reduced)
     return None
 
 
@@ -444,16 +461,11 @@ def _pack_weight(sch: s_tir.Schedule, kernel: str, anchor: Any, k: dict[str, Any
     found = weight_read(block, list(func.params))
     if found is None:
         raise ScheduleRejected("pack_weight: the anchor reads no weight indexed by its outputs and its reduction")
-    idx, axis = found
-    index = [r.min for r in block.reads[idx].region]
-    reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
-    var = [iv.var for iv in block.iter_vars if int(iv.iter_type) != 2][axis]
-    col = next(i for i, x in enumerate(index) if x.same_as(var))
+    idx, axis, col, is_red = found
     ext = int(block.reads[idx].source.shape[col])
     tile = min(k[f"t{axis}"], ext)
     if tile <= 1 or ext % tile:
         raise ScheduleRejected(f"pack_weight needs an inner tile t{axis} that divides {ext} (it is {tile})")
-    is_red = [any(x.same_as(r) for r in reduce) for x in index]
 
     def packed(*ax: Any) -> list[Any]:
         lead = [a for i, a in enumerate(ax) if i != col and not is_red[i]]
@@ -461,7 +473,7 @@ def _pack_weight(sch: s_tir.Schedule, kernel: str, anchor: Any, k: dict[str, Any
         return [*lead, ax[col] // tile, *red, ax[col] % tile]
 
     copy = sch.cache_read(anchor, idx, "global")
-    sch.transform_layout(anchor, ("read", idx), tirx.IndexMap.from_func(packed, ndim=len(index)))
+    sch.transform_layout(anchor, ("read", idx), tirx.IndexMap.from_func(packed, ndim=len(is_red)))
     sch.annotate(copy, "meta_schedule.layout_rewrite_preproc", True)
 
 
