@@ -238,6 +238,12 @@ def _default_partition(w):
     return partition_of(w.graph(True), w.reference_plan("default"))
 
 
+def _first_group_plan(w, label: str, knobs: dict):
+    """The default partition, ``knobs`` on its first group, default schedules elsewhere."""
+    part = _default_partition(w)
+    return w.partition_plan(part, True, label, [knobs] + [{} for _ in part[1:]])
+
+
 def _packable(w, fold: bool) -> list[bool]:
     """Per group of the default partition: whether its knob space offers pack_weight."""
     from autofuse.search import PlanSpace
@@ -279,8 +285,7 @@ def test_pack_weight_repacks_a_convolution_weight_by_output_channels(t1):
     """A convolution's weight W[c, rc, rh, rw] is read as (c // tile, rc, rh, rw, tile), tile
     the output-channel tile t1, repacked at build time; the result is the reference's."""
     w = get_workload("conv_bn_relu", tiny=True)  # W (8, 8, 3, 3)
-    part = _default_partition(w)
-    plan = w.partition_plan(part, True, "packed", [{"pack_weight": True, "t1": t1}] + [{} for _ in part[1:]])
+    plan = _first_group_plan(w, "packed", {"pack_weight": True, "t1": t1})
     text = _scheduled_text(w, plan)
     assert f"T.Buffer((T.int64({8 // t1}), T.int64(8), T.int64(3), T.int64(3), T.int64({t1})), \"float32\")" in text
     assert "layout_rewrite_preproc" not in text
@@ -290,8 +295,7 @@ def test_pack_weight_repacks_a_convolution_weight_by_output_channels(t1):
 
 def test_pack_weight_where_no_weight_can_be_repacked_is_rejected():
     w = get_workload("attention", tiny=True)  # its GEMMs read computed tensors, indexed by the batch
-    part = _default_partition(w)
-    plan = w.partition_plan(part, True, "bad", [{"pack_weight": True}] + [{} for _ in part[1:]])
+    plan = _first_group_plan(w, "bad", {"pack_weight": True})
     with pytest.raises(ScheduleRejected, match="pack_weight: the anchor reads no weight"):
         evaluate_plan(w, plan, LLVM, QUICK)
 
@@ -310,9 +314,7 @@ def test_vector_axis_over_channels_accumulates_a_local_tile(pack):
     whose innermost axis is the channels (a vector there is contiguous), written back once per
     tile; the result is the reference's, with the weight packed to match or not."""
     w = get_workload("conv_bn_relu", tiny=True)
-    part = _default_partition(w)
-    knobs = {"vector_axis": 1, "t1": 8, "t3": 4, "pack_weight": pack}
-    plan = w.partition_plan(part, True, "channels", [knobs] + [{} for _ in part[1:]])
+    plan = _first_group_plan(w, "channels", {"vector_axis": 1, "t1": 8, "t3": 4, "pack_weight": pack})
     text = _scheduled_text(w, plan)
     assert 'scope="local")' in text
     assert ("T.int64(3), T.int64(8)), \"float32\")" in text) == pack
@@ -324,8 +326,7 @@ def test_vector_axis_needs_whole_sums_in_a_tile():
     from autofuse.schedule import LoopNest, resolve_knobs
 
     w = get_workload("conv_bn_relu", tiny=True)
-    part = _default_partition(w)
-    plan = w.partition_plan(part, True, "bad", [{"vector_axis": 1, "t1": 8, "k_block": 2}] + [{} for _ in part[1:]])
+    plan = _first_group_plan(w, "bad", {"vector_axis": 1, "t1": 8, "k_block": 2})
     with pytest.raises(ScheduleRejected, match="vector_axis=1 needs an outer tile loop"):
         evaluate_plan(w, plan, LLVM, QUICK)
     with pytest.raises(PlanError, match="vector_axis=4 is out of range"):
