@@ -129,10 +129,11 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     assert cmp["guided_ms"] == best_at(guided, n) and cmp["random_ms"] == best_at(rand, n)
     assert cmp["random_over_guided"] == pytest.approx(cmp["random_ms"] / cmp["guided_ms"])
     assert cmp["same_budget_random_over_guided"] == pytest.approx(rand[-1][1] / guided[-1][1])
-    sbs = cmp["side_by_side"]  # the two bests at equal trials, timed in the same rounds
+    sbs = cmp["side_by_side"]  # the two bests at equal trials, timed in the same rounds as the columns
     assert sbs["random_over_guided"] > 0 and "error" not in sbs, sbs
     if sbs["guided_plan"] != sbs["random_plan"]:
         assert sbs["random_over_guided"] == pytest.approx(sbs["random_ms"] / sbs["guided_ms"])
+        assert sbs["samples"] == space["columns"]["autofuse"]["samples"]
     assert f"{sbs['random_over_guided']:.2f}x** side by side at {n} measured" in (out / "bench.md").read_text()
     early = space["autofuse_early_best"]  # the best at 30% of the budget against the final one, side by side
     assert early["at_s"] == pytest.approx(1.5)
@@ -141,6 +142,8 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     else:
         assert early["final_plan"] in space["columns"]["autofuse"]["note"]
         assert early["final_over_early"] > 0 and "error" not in early, early
+        if early["early_plan"] != early["final_plan"]:
+            assert early["samples"] == space["columns"]["autofuse"]["samples"]
         assert f"{100 * early['final_over_early']:.0f}% of the final best at 2 s" in (out / "bench.md").read_text()
     assert space["random_job"]["study"].endswith("-random")
     col = space["columns"]["random-search"]
@@ -162,6 +165,50 @@ def test_best_at_reads_a_best_so_far_curve():
     assert best_at(curve, 2) is None and best_at(curve, 3) == 9.0 and best_at(curve, 8) == 7.0 and best_at(curve, 99) == 4.0
 
 
+def test_study_history_counts_measured_candidates_and_finds_the_best_at_a_moment(tmp_path):
+    """The best-so-far of a study, read once: repeats and pre-screened plans (no "seconds")
+    move the clock but are not measured candidates; failed trials are measured but never best."""
+    import datetime
+
+    import optuna
+    import sqlalchemy
+
+    from autofuse.bench import StudyHistory
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    study = optuna.create_study(study_name="s", storage=url)
+    t0 = datetime.datetime(2026, 1, 1)
+    dist = optuna.distributions.FloatDistribution(0, 1)
+
+    def add(at_s: float, value: float | None, plan: str, built: bool) -> None:
+        attrs = {"plan": plan, **({"seconds": 0.1} if built else {})}
+        state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL
+        study.add_trial(optuna.trial.create_trial(
+            state=state, value=value, params={"x": 0.5}, distributions={"x": dist}, user_attrs=attrs))
+        times.append((study.get_trials(deepcopy=False)[-1]._trial_id, at_s))  # dates set below
+
+    times: list[tuple[int, float]] = []
+    add(0.0, None, "failed", True)      # measured, not a plan
+    add(1.0, 9.0, "a", True)
+    add(2.0, 9.0, "a", False)           # a repeat
+    add(3.0, 4.0, "b", True)
+    add(50.0, 1.0, "c", False)          # not built either (a reused score), and the best
+
+    eng = sqlalchemy.create_engine(url)
+    with eng.begin() as c:
+        for tid, at_s in times:
+            start = t0 + datetime.timedelta(seconds=at_s)
+            c.execute(sqlalchemy.text("update trials set datetime_start=:s, datetime_complete=:e where trial_id=:i"),
+                      {"s": start, "e": start + datetime.timedelta(seconds=0.5), "i": tid})
+    h = StudyHistory(url, "s")
+    by_time, by_measured = h.curves()
+    assert by_time == [(1.5, 9.0), (2.5, 9.0), (3.5, 4.0), (50.5, 1.0)]
+    assert by_measured == [(2, 9.0), (3, 4.0)]
+    assert h.best_plan_after(n=1) is None and h.best_plan_after(n=2) == "a" and h.best_plan_after(n=99) == "c"
+    assert h.best_plan_after(seconds=1.0) is None and h.best_plan_after(seconds=3.4) == "a"
+    assert h.best_plan_after(seconds=10) == "b"
+
+
 def test_time_to_95_percent_of_the_final_best():
     from autofuse.bench import reached_95pct_at
 
@@ -179,20 +226,54 @@ def test_the_tvm_sgemm_peak_computes_the_product():
     assert _tvm_sgemm_flops(64) > 0
 
 
-def test_two_plans_are_compared_side_by_side_and_one_plan_is_not_timed():
-    """What the bench's search checks rest on: two plans checked and timed in the same rounds
-    (the ratio is of those medians), a plan against itself is 1.0 without timing, and a
-    missing plan (no verified plan yet) gives no comparison."""
-    from autofuse.bench.columns import _side_by_side
-    from autofuse.target import parse_target
+def _fake_runnable(name: str, samples: list[float], plan_hash: str | None = None, **col):
+    from autofuse.bench.columns import Column, _Runnable
+
+    return _Runnable(Column(name, samples_ms=samples, **col), lambda *_: [], lambda: None, plan_hash=plan_hash)
+
+
+def test_a_plan_pair_is_the_ratio_of_its_two_plans_medians_and_one_plan_is_not_compared():
+    """What the bench's search checks rest on: the ratio of two plans' medians, how many
+    timings each had, a plan against itself is 1.0, and a wrong plan gives its error."""
+    from autofuse.bench.columns import PlanPair
+
+    a, b = _fake_runnable("plan aa", [2.0, 4.0, 3.0], "aa", correct=True), _fake_runnable("plan bb", [1.0, 1.5, 2.0], "bb", correct=True)
+    into = {"at_s": 180.0}
+    PlanPair(("early", "final"), (a, b), into).finish()
+    assert into == {"at_s": 180.0, "early_plan": "aa", "final_plan": "bb", "early_ms": 3.0, "final_ms": 1.5,
+                    "final_over_early": 0.5, "samples": 3}
+    same: dict = {}
+    PlanPair(("guided", "random"), (a, a), same).finish()
+    assert same == {"guided_plan": "aa", "random_plan": "aa", "random_over_guided": 1.0}
+    wrong = _fake_runnable("plan cc", [], "cc", correct=False, error="wrong result (relative error 1)")
+    bad: dict = {}
+    PlanPair(("guided", "random"), (a, wrong), bad).finish()
+    assert bad == {"guided_plan": "aa", "random_plan": "cc", "error": "plan cc: wrong result (relative error 1)"}
+
+
+def test_the_plans_of_the_search_checks_are_checked_and_timed_in_the_columns_rounds(monkeypatch, tmp_path):
+    """The early-vs-final and guided-vs-random plans are timed in the same interleaved rounds
+    as the columns (not apart, in another minute), checked first, and kept out of the table."""
+    from autofuse.bench import run as bench_run
+    from autofuse.bench.columns import PlanPair
     from autofuse.workload import get_workload
 
-    w = get_workload("ew_chain", tiny=True)
-    default, unfused = (w.reference_plan(p).to_json() for p in ("default", "unfused"))
-    r = _side_by_side(w, parse_target("llvm"), unfused, default, ("early", "final"), rounds=2)
-    assert r["early_plan"] == w.reference_plan("unfused").hash and r["final_plan"] == w.reference_plan("default").hash
-    assert r["final_over_early"] == pytest.approx(r["final_ms"] / r["early_ms"]) and r["final_ms"] > 0
-    same = _side_by_side(w, parse_target("llvm"), default, default, ("guided", "random"))
-    assert same == {"guided_plan": w.reference_plan("default").hash, "random_plan": w.reference_plan("default").hash,
-                    "random_over_guided": 1.0}
-    assert _side_by_side(w, parse_target("llvm"), None, default, ("early", "final")) is None
+    _, expected = get_workload("ew_chain", tiny=True).check_data()
+    calls: list[str] = []
+
+    def runnable(name: str, plan_hash: str | None, output=lambda: expected):
+        r = _fake_runnable(name, [], plan_hash)
+        r.output = output
+        r.timer = lambda repeats, _ms: calls.append(name) or [1.0 + len(calls)] * repeats
+        return r
+
+    final, early, other = runnable("autofuse", "ff"), runnable("plan ee", "ee"), runnable("plan oo", "oo", lambda: expected + 1)
+    numpy_col = runnable("numpy", None)
+    pairs = [PlanPair(("early", "final"), (early, final), {}), PlanPair(("guided", "random"), (final, other), {})]
+    monkeypatch.setattr(bench_run, "build_columns", lambda *a, **k: ([final, numpy_col], pairs, {}))
+    result = bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=2, repeats=3, include=())
+    assert calls == ["autofuse", "numpy", "plan ee"] * 2  # the wrong plan is never timed
+    assert set(result["columns"]) == {"autofuse", "numpy"}
+    assert pairs[0].into["early_plan"] == "ee" and pairs[0].into["samples"] == 6
+    assert pairs[0].into["final_over_early"] == pytest.approx(final.column.median_ms / early.column.median_ms)
+    assert pairs[1].into["error"].startswith("plan oo: wrong result")

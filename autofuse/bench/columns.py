@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autofuse.bench.curves import best_plan_after, search_curves, search_vs_random
+from autofuse.bench.curves import StudyHistory, search_vs_random
 from autofuse.db import PlanDB
 from autofuse.measure import Session, TimingConfig
 from autofuse.target import Target, num_threads
@@ -65,10 +65,11 @@ def time_python(fn: Callable[[], Any], min_ms: float, repeats: int) -> list[floa
 
 
 class _Runnable:
-    """One column, ready to check and time."""
+    """One column (or one plan of a search check), ready to check and time."""
 
-    def __init__(self, column: Column, timer: Callable[[int, float], list[float]], output: Callable[[], np.ndarray]):
-        self.column, self.timer, self.output = column, timer, output
+    def __init__(self, column: Column, timer: Callable[[int, float], list[float]], output: Callable[[], np.ndarray],
+                 plan_hash: str | None = None):
+        self.column, self.timer, self.output, self.plan_hash = column, timer, output, plan_hash
 
 
 def _vm_runnable(name: str, ex: Any, w: Workload, fold: bool, target: Target, note: str = "") -> _Runnable:
@@ -123,33 +124,42 @@ def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
 EARLY_SHARE = 0.3  # the issue's "95% of the 10-minute best within the first 3 minutes"
 
 
-def _side_by_side(w: Workload, target: Target, a_json: str | None, b_json: str | None, names: tuple[str, str],
-                  rounds: int = 3) -> dict[str, Any] | None:
-    """Two plans timed in interleaved rounds: ``{<a>_plan, <b>_plan, <a>_ms, <b>_ms,
-    <b>_over_<a>}``.  Plans of two jobs, or of two moments of one job, compare only so: a
-    job's scores are anchored in its own first minutes, and a best plan's score is the
-    product of the side-by-side ratios that made it the best, noise included."""
-    from autofuse.plan import Plan
-    from autofuse.runner import compare_plans
+@dataclass
+class PlanPair:
+    """Two plans of the tuning jobs whose ratio the report gives: the best at 30% of the budget
+    against the final best, and guided against random search at equal trials.  Plans of two
+    jobs, or of two moments of one job, compare only side by side: a job's scores are anchored
+    in its own first minutes, and a best plan's score is the product of the side-by-side
+    ratios that made it the best, noise included.  Both plans are checked and timed in the
+    bench's own rounds, interleaved with the columns: timed apart, right after a job ended,
+    the same plans ran up to 1.9x slower than in the rounds (NOTES 30).  ``finish`` writes
+    ``{<a>_plan, <b>_plan, <a>_ms, <b>_ms, <b>_over_<a>, samples}`` into ``into``."""
 
-    if not a_json or not b_json:
-        return None
-    a, b = Plan.from_json(a_json), Plan.from_json(b_json)
-    ka, kb = names
-    out: dict[str, Any] = {f"{ka}_plan": a.hash, f"{kb}_plan": b.hash}
-    if a.hash == b.hash:
-        return {**out, f"{kb}_over_{ka}": 1.0}
-    r = compare_plans(w, [a, b], target, TimingConfig(repeats=5, min_repeat_ms=50, warmup=2), rounds)
-    if not r["correct"]:
-        return {**out, "error": r["error"]}
-    ms_a, ms_b = r["median_ms"]
-    return {**out, f"{ka}_ms": ms_a, f"{kb}_ms": ms_b, f"{kb}_over_{ka}": ms_b / ms_a}
+    names: tuple[str, str]
+    runs: tuple[_Runnable, _Runnable]  # the same object twice: one plan, ratio 1.0
+    into: dict[str, Any]
+
+    def finish(self) -> None:
+        (ka, kb), (a, b) = self.names, self.runs
+        out: dict[str, Any] = {f"{ka}_plan": a.plan_hash, f"{kb}_plan": b.plan_hash}
+        bad = next((r for r in self.runs if not r.column.correct or not r.column.samples_ms), None)
+        if a is b:
+            out[f"{kb}_over_{ka}"] = 1.0
+        elif bad is not None:
+            out["error"] = f"plan {bad.plan_hash}: {bad.column.error or 'not timed'}"
+        else:
+            ms_a, ms_b = a.column.median_ms, b.column.median_ms
+            out.update({f"{ka}_ms": ms_a, f"{kb}_ms": ms_b, f"{kb}_over_{ka}": ms_b / ms_a,
+                        "samples": len(a.column.samples_ms)})
+        self.into.update(out)
 
 
 def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
-                  seed: int, include: tuple[str, ...], compare_random: bool = False) -> tuple[list[_Runnable], dict[str, Any]]:
-    """The ``include``d columns of ``w``, ready to check and time, and what the tuners
-    reported (search curves, job summaries, the random-search comparison).  ``compare_random``
+                  seed: int, include: tuple[str, ...], compare_random: bool = False,
+                  ) -> tuple[list[_Runnable], list[PlanPair], dict[str, Any]]:
+    """The ``include``d columns of ``w``, ready to check and time; the plan pairs of the search
+    checks, to time in the same rounds; and what the tuners reported (search curves, job
+    summaries, the random-search comparison).  ``compare_random``
     and the random-search column go together (either asks for both; they need the autofuse
     column, whose job the random search runs after)."""
     import tvm
@@ -165,6 +175,7 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
         include = (*include, "random-search")
     acts, expected = w.check_data()
     cols: list[_Runnable] = []
+    pairs: list[PlanPair] = []
     extra: dict[str, Any] = {}
     source = getattr(w.space, "source", None) or {}
     model_path = source.get("path")  # an imported ONNX model rather than a hand-written space
@@ -212,8 +223,30 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
 
         plan = Plan.from_json(plan_json)
         ex = build(w.graph(plan.fold_params), plan, target)
-        return _vm_runnable(name, ex, w, plan.fold_params, target,
-                            note=f"plan {plan.hash} ({label}), {len(plan.groups)} kernels, {note}")
+        r = _vm_runnable(name, ex, w, plan.fold_params, target,
+                         note=f"plan {plan.hash} ({label}), {len(plan.groups)} kernels, {note}")
+        r.plan_hash = plan.hash
+        return r
+
+    by_plan: dict[str, _Runnable] = {}  # the plans of the search checks, each built once
+
+    def pair(names: tuple[str, str], a_json: str, b_json: str, into: dict[str, Any], *known: _Runnable) -> None:
+        """Time two plans in the bench's rounds (``known``: columns that already time a plan)."""
+        from autofuse.plan import Plan
+
+        for r in known:
+            by_plan.setdefault(r.plan_hash, r)
+        runs = []
+        for plan_json in (a_json, b_json):
+            h = Plan.from_json(plan_json).hash
+            if h not in by_plan:
+                try:
+                    by_plan[h] = plan_runnable(f"plan {h}", plan_json, "search check", "")
+                except Exception as e:  # reported in the pair, never fatal
+                    by_plan[h] = _Runnable(Column(f"plan {h}", correct=False, error=f"{type(e).__name__}: {e}"),
+                                           lambda *_: [], lambda: None, plan_hash=h)
+            runs.append(by_plan[h])
+        pairs.append(PlanPair(names, (runs[0], runs[1]), into))
 
     def stored_best() -> tuple[str, str]:
         """(plan JSON, label) of the best verified plan the tuning stored."""
@@ -250,27 +283,30 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
                         candidate_timeout_s=candidate_timeout, progress=False, log_dir=str(out_dir), final_rounds=2)
         result = run_job(cfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: autofuse", budget_s)))
         extra["autofuse_job"] = result.as_dict()
-        extra["autofuse_curve"], guided_by_measured = search_curves(db_url, result.study)
+        guided = StudyHistory(db_url, result.study)
+        extra["autofuse_curve"], guided_by_measured = guided.curves()
         final_json, label = stored_best()  # before random search adds plans
         runnable = plan_runnable("autofuse", final_json, label, f"{result.trials_this_job} trials")
         early_s = EARLY_SHARE * budget_s  # the best at 3 of 10 minutes against the one the bench times
-        early_json = best_plan_after(db_url, result.study, seconds=early_s)
+        early_json = guided.best_plan_after(seconds=early_s)
         extra["autofuse_early_best"] = {"at_s": early_s, "early_plan": None, "final_over_early": None}  # none yet
         if early_json:
-            extra["autofuse_early_best"].update(_side_by_side(w, target, early_json, final_json, ("early", "final")))
+            pair(("early", "final"), early_json, final_json, extra["autofuse_early_best"], runnable)
         if compare_random:  # the same budget with random sampling: is the guided search earning its keep?
             rcfg = JobConfig(**{**cfg.__dict__, "study": cfg.study + "-random", "sampler": "random", "top_k": 1, "warm_start": False,
                                 "final_rounds": 1})
             rres = run_job(rcfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: random search", budget_s)))
-            extra["random_curve"], random_by_measured = search_curves(db_url, rres.study)
+            rand = StudyHistory(db_url, rres.study)
+            extra["random_curve"], random_by_measured = rand.curves()
             extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best,
                                    "study": rres.study}
             extra.update(search_vs_random(guided_by_measured, random_by_measured))
             if "search_vs_random" in extra:
                 n = extra["search_vs_random"]["equal_trials"]
-                extra["search_vs_random"]["side_by_side"] = _side_by_side(
-                    w, target, best_plan_after(db_url, result.study, n), best_plan_after(db_url, rres.study, n),
-                    ("guided", "random"))
+                a, b = guided.best_plan_after(n), rand.best_plan_after(n)
+                extra["search_vs_random"]["side_by_side"] = {} if a and b else None
+                if a and b:
+                    pair(("guided", "random"), a, b, extra["search_vs_random"]["side_by_side"], runnable)
         return runnable
 
     def random_col() -> _Runnable:
@@ -321,8 +357,8 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
     guarded("onnxruntime", ort_col)
     ref_inputs = {**acts, **w.params}
     if model_path:  # a model's reference is onnxruntime itself: no NumPy column
-        return cols, extra
+        return cols, pairs, extra
     guarded("numpy", lambda: _Runnable(Column("numpy", note="the reference (float64 where it casts)"),
                                        lambda r, m: time_python(lambda: w.space.reference(**ref_inputs), m, r),
                                        lambda: w.space.reference(**ref_inputs)))
-    return cols, extra
+    return cols, pairs, extra

@@ -3,55 +3,68 @@ within 5% of its final best, and how it compares with random sampling at equal t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
+@dataclass(frozen=True)
+class _Point:
+    """One finished trial of a study, from its first verified plan on."""
+
+    seconds: float  # since the study's first trial started
+    measured: int  # candidates measured so far, this one included
+    built: bool  # whether this trial was one (not a repeat or a pre-screened plan)
+    best: Any  # the best trial so far (an optuna FrozenTrial)
+
+
+class StudyHistory:
+    """A study's best-so-far after each finished trial, read from storage once: the bench asks
+    it for curves and for the best plan at several moments of the same study."""
+
+    def __init__(self, db_url: str, study_name: str):
+        import optuna
+
+        study = optuna.load_study(study_name=study_name, storage=db_url)
+        trials = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
+        self.points: list[_Point] = []
+        if not trials:
+            return
+        t0 = min(t.datetime_start for t in trials)
+        best, measured = None, 0
+        for t in trials:
+            built = "seconds" in t.user_attrs
+            measured += built
+            if t.state == optuna.trial.TrialState.COMPLETE and (best is None or t.value < best.value):
+                best = t
+            if best is not None:
+                self.points.append(_Point((t.datetime_complete - t0).total_seconds(), measured, built, best))
+
+    def curves(self) -> tuple[list[tuple[float, float]], list[tuple[int, float]]]:
+        """Best-so-far ms, in the order the trials finished, against two clocks: seconds since
+        the first trial started, and candidates measured so far.
+
+        Measured: the candidates built and run (timed out and failed ones too: their time was
+        spent), as tuners count measurement trials. Not measured: a plan suggested again (its
+        earlier result is reused) and one the cost model skipped; both take milliseconds, and
+        the guided search makes many more of them than random sampling does."""
+        by_time = [(p.seconds, p.best.value) for p in self.points]
+        by_measured = [(p.measured, p.best.value) for p in self.points if p.built]
+        return by_time, by_measured
+
+    def best_plan_after(self, n: int | None = None, seconds: float | None = None) -> str | None:
+        """Plan JSON of the best-so-far after ``n`` measured candidates, or ``seconds`` after
+        the first trial started (None before any verified plan)."""
+        plan = None
+        for p in self.points:
+            if (n is not None and p.measured > n) or (seconds is not None and p.seconds > seconds):
+                break
+            plan = p.best.user_attrs.get("plan")
+        return plan
+
+
 def search_curves(db_url: str, study_name: str) -> tuple[list[tuple[float, float]], list[tuple[int, float]]]:
-    """A study's best-so-far ms, in the order its trials finished, against two clocks: seconds
-    since the first trial started, and candidates measured so far.
-
-    Measured: the candidates built and run (timed out and failed ones too: their time was
-    spent), as tuners count measurement trials. Not measured: a plan suggested again (its
-    earlier result is reused) and one the cost model skipped; both take milliseconds, and
-    the guided search makes many more of them than random sampling does."""
-    by_time, by_measured = [], []
-    for seconds, measured, built, best in _best_so_far(db_url, study_name):
-        by_time.append((seconds, best.value))
-        if built:
-            by_measured.append((measured, best.value))
-    return by_time, by_measured
-
-
-def best_plan_after(db_url: str, study_name: str, n: int | None = None, seconds: float | None = None) -> str | None:
-    """Plan JSON of the study's best-so-far after ``n`` measured candidates, or ``seconds``
-    after its first trial started (None before any verified plan)."""
-    plan = None
-    for t, measured, _, best in _best_so_far(db_url, study_name):
-        if (n is not None and measured > n) or (seconds is not None and t > seconds):
-            break
-        plan = best.user_attrs.get("plan")
-    return plan
-
-
-def _best_so_far(db_url: str, study_name: str) -> list[tuple[float, int, bool, Any]]:
-    """Per finished trial, from the first verified plan on: (seconds since the first trial
-    started, candidates measured so far, whether this trial was one, best trial so far)."""
-    import optuna
-
-    study = optuna.load_study(study_name=study_name, storage=db_url)
-    trials = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
-    if not trials:
-        return []
-    t0 = min(t.datetime_start for t in trials)
-    best, measured, out = None, 0, []
-    for t in trials:
-        built = "seconds" in t.user_attrs  # not a repeat or a pre-screened plan
-        measured += built
-        if t.state == optuna.trial.TrialState.COMPLETE and (best is None or t.value < best.value):
-            best = t
-        if best is not None:
-            out.append(((t.datetime_complete - t0).total_seconds(), measured, built, best))
-    return out
+    """:meth:`StudyHistory.curves` of one study."""
+    return StudyHistory(db_url, study_name).curves()
 
 
 def best_at(curve: list[tuple[int, float]] | list[list[float]], n: int) -> float | None:

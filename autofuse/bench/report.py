@@ -101,13 +101,13 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
               "", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan that was the best at 30% of the budget (3 of 10 minutes) "
-              "timed in the same rounds as the final best, final time over early time (>= 95%: the target is "
-              "met)."]
+              "timed in the same rounds as the final best and the columns, final time over early time (>= 95%: "
+              "the target is met)."]
     if vs_random:
         lines += ["", "Random search at equal trials: random sampling of the same space from the same reference "
                   "and seed plans, tuned for the same budget after autofuse. In bold, the two plans each search "
                   "had as its best after as many measured candidates as the shorter of the two runs built, timed "
-                  "side by side (random over guided, >1: the guided search is ahead). Then the same ratio from "
+                  "side by side in the columns' rounds (random over guided, >1: the guided search is ahead). Then the same ratio from "
                   "each job's own scores, and by scores at the end of the budget, with each run's measured "
                   "candidates. Each job's scores are on its own scale (anchored in its first minutes), so only "
                   "the side-by-side ratio compares the searches; the random-search column times random search's "

@@ -32,7 +32,9 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
     ``rounds`` interleaved rounds of ``repeats``; ratios, roofline and search curves."""
     w = get_workload(name, tiny)
     _, expected = w.check_data()
-    runnables, extra = build_columns(w, target, budget_s, out_dir, progress, seed, include, compare_random)
+    columns, pairs, extra = build_columns(w, target, budget_s, out_dir, progress, seed, include, compare_random)
+    plans = [r for r in dict.fromkeys(r for p in pairs for r in p.runs) if r not in columns]  # of the search checks
+    runnables = columns + plans
     for r in runnables:  # correctness first: a wrong column is reported, never timed
         if r.column.error:
             continue
@@ -44,14 +46,17 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
                 r.column.error = f"wrong result (relative error {err:.3g})"
         except Exception as e:
             r.column.correct, r.column.error = False, f"{type(e).__name__}: {e}"
-    progress(f"{name}: timing {len(runnables)} columns, {rounds} interleaved rounds")
+    checks = f" and {len(plans)} plans of the search checks" if plans else ""
+    progress(f"{name}: timing {len(columns)} columns{checks}, {rounds} interleaved rounds")
     for _ in range(rounds):
         for r in runnables:
             if r.column.correct:
                 r.column.samples_ms.extend(r.timer(repeats, min_repeat_ms))
+    for p in pairs:
+        p.finish()
     work = work_of(w)
     result: dict[str, Any] = {"space": name, "tiny": tiny, "workload": w.hash, "budget_s": budget_s,
-                              "columns": {r.column.name: r.column.as_dict() for r in runnables}, **work, **extra}
+                              "columns": {r.column.name: r.column.as_dict() for r in columns}, **work, **extra}
     if peaks:
         result["roofline_ms"] = roofline_ms(work, peaks)
     af = result["columns"].get("autofuse", {}).get("median_ms")
