@@ -149,6 +149,9 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     col = space["columns"]["random-search"]
     assert col["correct"] and col["samples"] == space["columns"]["autofuse"]["samples"] == 1, col
     assert space["random_job"]["best"]["plan_hash"] in col["note"]
+    autofuse_plan = space["columns"]["autofuse"]["note"].split()[1]
+    if sbs["random_plan"] == space["random_job"]["best"]["plan_hash"] not in (sbs["guided_plan"], autofuse_plan):
+        assert sbs["random_ms"] == col["median_ms"]  # one plan: built and timed once, for the check and the column
     assert space["ratios_vs_autofuse"]["random-search"] == pytest.approx(
         col["median_ms"] / space["columns"]["autofuse"]["median_ms"])
     assert "random-search" in report["geomean_speedup_of_autofuse"]
@@ -253,7 +256,8 @@ def test_a_plan_pair_is_the_ratio_of_its_two_plans_medians_and_one_plan_is_not_c
 
 def test_the_plans_of_the_search_checks_are_checked_and_timed_in_the_columns_rounds(monkeypatch, tmp_path):
     """The early-vs-final and guided-vs-random plans are timed in the same interleaved rounds
-    as the columns (not apart, in another minute), checked first, and kept out of the table."""
+    as the columns (not apart, in another minute), checked first, and kept out of the table;
+    no runnable comes right after the same one in every round."""
     from autofuse.bench import run as bench_run
     from autofuse.bench.columns import PlanPair
     from autofuse.workload import get_workload
@@ -272,7 +276,8 @@ def test_the_plans_of_the_search_checks_are_checked_and_timed_in_the_columns_rou
     pairs = [PlanPair(("early", "final"), (early, final), {}), PlanPair(("guided", "random"), (final, other), {})]
     monkeypatch.setattr(bench_run, "build_columns", lambda *a, **k: ([final, numpy_col], pairs, {}))
     result = bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=2, repeats=3, include=())
-    assert calls == ["autofuse", "numpy", "plan ee"] * 2  # the wrong plan is never timed
+    # the wrong plan is never timed; each round starts one further on
+    assert calls == ["autofuse", "numpy", "plan ee", "numpy", "plan ee", "autofuse"]
     assert set(result["columns"]) == {"autofuse", "numpy"}
     assert pairs[0].into["early_plan"] == "ee" and pairs[0].into["samples"] == 6
     assert pairs[0].into["final_over_early"] == pytest.approx(final.column.median_ms / early.column.median_ms)

@@ -48,8 +48,12 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
             r.column.correct, r.column.error = False, f"{type(e).__name__}: {e}"
     checks = f" and {len(plans)} plans of the search checks" if plans else ""
     progress(f"{name}: timing {len(columns)} columns{checks}, {rounds} interleaved rounds")
-    for _ in range(rounds):
-        for r in runnables:
+    for k in range(rounds):
+        # each round starts one runnable further on, so that none always runs right after the
+        # same one: plans timed right after the NumPy column ran up to 24% slower than after
+        # a TVM plan (its BLAS threads stay busy a moment after a call; NOTES 31)
+        start = k % len(runnables) if runnables else 0
+        for r in runnables[start:] + runnables[:start]:
             if r.column.correct:
                 r.column.samples_ms.extend(r.timer(repeats, min_repeat_ms))
     for p in pairs:
