@@ -50,8 +50,8 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
     progress(f"{name}: timing {len(columns)} columns{checks}, {rounds} interleaved rounds")
     for k in range(rounds):
         # each round starts one runnable further on, so that none always runs right after the
-        # same one: plans timed right after the NumPy column ran up to 24% slower than after
-        # a TVM plan (its BLAS threads stay busy a moment after a call; NOTES 31)
+        # same one: plans timed right after the NumPy column ran up to 27% slower than after
+        # a TVM plan (OpenBLAS threads spinning after a call, likely; NOTES 31)
         start = k % len(runnables) if runnables else 0
         for r in runnables[start:] + runnables[:start]:
             if r.column.correct:
