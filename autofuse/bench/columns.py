@@ -320,8 +320,8 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
             raise RuntimeError("random search found no verified plan in the budget")
         note = f"{job['trials']} trials, random sampling"
         checked = by_plan.get(best["plan_hash"])
-        if checked is not None and checked.column.name == f"plan {best['plan_hash']}":
-            # the guided-vs-random check already built this plan (random's best at equal
+        if checked is not None and checked not in cols:
+            # only the guided-vs-random check has built this plan (random's best at equal
             # trials is often its final best): it becomes the column, built and timed once
             checked.column = replace(checked.column, name="random-search",
                                      note=plan_note(Plan.from_json(plan_json), best.get("label", "tuned"), note))
