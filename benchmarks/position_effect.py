@@ -3,17 +3,18 @@ after another TVM plan?  (NOTES 31: why the bench's rounds rotate their order.)
 
     python benchmarks/position_effect.py SPACE BENCH_DB PLAN_E PLAN_F ROUNDS
 
-BENCH_DB: a bench's plan database (``results/<dir>/bench.db``, or a copy); PLAN_E, PLAN_F:
-plan hash prefixes stored there.  Per round: the NumPy reference timed as the bench times
-it, then E; F, then E; onnxruntime, then E; F, then F; NumPy, then F.  Each timing is 3
-repeats of at least 50 ms, as in the bench; printed: median, min and max per position."""
+BENCH_DB: a bench's plan database file (``results/<dir>/bench.db``, or a copy); PLAN_E,
+PLAN_F: hashes of plans of SPACE stored there (the bench's JSON names them).  Per round:
+the NumPy reference timed as the bench times it, then E; F, then E; onnxruntime, then E;
+F, then F; NumPy, then F.  Each timing is 3 repeats of at least 50 ms, as in the bench;
+printed: median, min and max per position."""
 
-import sqlite3
 import statistics
 import sys
 
 from autofuse.bench.columns import _vm_runnable, time_python
 from autofuse.build import build
+from autofuse.db import PlanDB
 from autofuse.peers import onnx_model, onnxruntime_session
 from autofuse.plan import Plan
 from autofuse.target import num_threads, parse_target
@@ -21,15 +22,15 @@ from autofuse.workload import get_workload
 
 
 def main(space: str, db_path: str, plan_e: str, plan_f: str, rounds: int) -> None:
-    con = sqlite3.connect(db_path)
-
-    def plan(prefix: str) -> Plan:
-        row = con.execute("select plan_json from af_plans where plan_hash like ?", (prefix + "%",)).fetchone()
-        if row is None:
-            sys.exit(f"no plan {prefix}... in {db_path}")
-        return Plan.from_json(row[0])
-
     w, target = get_workload(space), parse_target("llvm")
+
+    def plan(plan_hash: str) -> Plan:
+        with PlanDB(f"sqlite:///{db_path}", create=False, readonly=True) as db:
+            plan_json = db.plan_json(w.hash, plan_hash)
+        if plan_json is None:
+            sys.exit(f"no plan {plan_hash} of {space} in {db_path}")
+        return Plan.from_json(plan_json)
+
     acts, expected = w.check_data()
     e, f = [_vm_runnable(name, build(w.graph(p.fold_params), p, target), w, p.fold_params, target)
             for name, p in (("E", plan(plan_e)), ("F", plan(plan_f)))]
