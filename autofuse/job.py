@@ -221,6 +221,10 @@ def _confirm_text(res: dict[str, Any]) -> str:
     if "error" in c:
         return f"; timing it against the best failed ({c['error']}), its own median counts"
     verdict = "new best" if c["faster"] else "not faster"
+    if c.get("disturbed"):
+        verdict += f" than the best's recent {c['recent_ms']:.4f} ms (the best ran far above that in both comparisons)"
+    elif c.get("attempts", 1) > 1:
+        verdict += " (timed twice: the best ran far above its recent time the first time)"
     return (f"; against the best {c['vs']} side by side: {c['candidate_ms']:.4f} vs {c['incumbent_ms']:.4f} ms, "
             f"{verdict}, scored {res['value_ms']:.4f} ms")
 

@@ -230,11 +230,13 @@ EXPLORE = 0.1  # share of mutations taken at random from the pool even when the 
 
 def side_by_side_ratio(trial: optuna.trial.FrozenTrial) -> float:
     """The trial's median over the incumbent's when the two were timed side by side and it
-    tied (``CandidateLog.confirm``); 1.0 for the incumbent itself (a winner or a first plan)."""
+    tied (``CandidateLog.confirm``); 1.0 for the incumbent itself (a winner or a first plan).
+    In a disturbed comparison the incumbent's recent time stands for its own."""
     c = trial.user_attrs.get("confirm") or {}
-    if "candidate_ms" not in c or c.get("faster") or not c.get("incumbent_ms"):
+    incumbent_ms = c.get("recent_ms") if c.get("disturbed") else c.get("incumbent_ms")
+    if "candidate_ms" not in c or c.get("faster") or not incumbent_ms:
         return 1.0
-    return float(c["candidate_ms"]) / float(c["incumbent_ms"])
+    return float(c["candidate_ms"]) / float(incumbent_ms)
 
 
 def parent_of(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:

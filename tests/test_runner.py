@@ -6,7 +6,8 @@ import sqlite3
 import optuna
 import pytest
 
-from autofuse.runner import CONFIRM_ROUNDS, OK, TIMEOUT, CandidateLog, IsolatedRunner, run_task, value_of
+from autofuse.runner import (CONFIRM_ROUNDS, DISTURBED_FACTOR, OK, TIMEOUT, CandidateLog, IsolatedRunner, run_task,
+                             value_of)
 from autofuse.target import parse_target
 from autofuse.workload import get_workload
 
@@ -88,7 +89,7 @@ def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by
                          {"status": OK, "median_ms": 0.9}, _cmp(0.99, 1.0),  # a tie
                          {"status": OK, "median_ms": 0.5},  # 10% faster overall, but slower in one round
                          _cmp(0.9, 1.0, rounds=([0.8, 0.9, 1.05], [1.0, 1.0, 1.0])),
-                         {"status": OK, "median_ms": 0.5}, _cmp(1.6, 3.2)])  # faster again
+                         {"status": OK, "median_ms": 0.5}, _cmp(0.6, 1.2)])  # faster again, on a slower machine
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     lucky = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
@@ -132,6 +133,43 @@ def test_a_tie_with_a_lone_first_timing_rescales_the_best():
     won = log.run(runner, _task(plan='{"p":"c"}'), "c", 20.0)  # 1.35 alone: below 1.38, so compared
     assert won["confirm"]["faster"] and value_of(won) == pytest.approx(1.38 * 1.2 / 1.4)
     assert log.best_hash == "c"
+
+
+def test_a_comparison_in_which_the_incumbent_runs_far_above_its_recent_time_is_run_again():
+    """An attention job's incumbent ran 0.176-0.193 ms side by side, then 0.302 ms in one
+    comparison 40 s later, against which a candidate at 0.203 ms counted 1.5x faster and
+    kept that score for the rest of the job (NOTES 31).  Such a comparison is run once
+    more; a second one disturbed too judges the candidate against the incumbent's recent
+    time, and leaves the incumbent's new time as its recent one."""
+    runner = FakeRunner([{"status": OK, "median_ms": 0.5},
+                         {"status": OK, "median_ms": 0.2}, _cmp(0.1761, 0.1926),  # b wins
+                         {"status": OK, "median_ms": 0.15}, _cmp(0.1798, 0.1781),  # c ties: b ran 0.1781
+                         {"status": OK, "median_ms": 0.12}, _cmp(0.2028, 0.3021), _cmp(0.2030, 0.3000),
+                         {"status": OK, "median_ms": 0.10}, _cmp(0.4, 0.5), _cmp(0.3, 0.3),  # disturbed, then a tie
+                         {"status": OK, "median_ms": 0.10}, _cmp(0.15, 0.45), _cmp(0.2, 0.5)])  # faster still
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
+    log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
+    assert (log.best_hash, log.best_ms, log.best_recent_ms) == ("b", pytest.approx(0.1761), 0.1761)
+    log.run(runner, _task(plan='{"p":"c"}'), "c", 20.0)
+    assert (log.best_hash, log.best_recent_ms) == ("b", 0.1781)
+    d = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)
+    assert 0.3021 > DISTURBED_FACTOR * 0.1781 and len(runner.calls) == 8  # compared twice
+    assert not d["confirm"]["faster"] and value_of(d) == pytest.approx(0.1761)  # 0.203 is slower than 0.178
+    assert d["confirm"] == {"vs": "b", "candidate_ms": 0.2030, "incumbent_ms": 0.3000, "rounds": CONFIRM_ROUNDS,
+                            "faster": False, "attempts": 2, "disturbed": True, "recent_ms": 0.1781}
+    assert (log.best_hash, log.best_recent_ms) == ("b", 0.3)  # the machine is slower now: judged from here on
+    e = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0)  # 0.5 > 1.25 x 0.3: the repeat decides
+    assert e["confirm"]["attempts"] == 2 and not e["confirm"]["disturbed"] and not e["confirm"]["faster"]
+    assert value_of(e) == pytest.approx(0.1761) and log.best_hash == "b"
+    f = log.run(runner, _task(plan='{"p":"f"}'), "f", 20.0)  # disturbed twice, faster than b's recent time too
+    assert f["confirm"]["faster"] and value_of(f) == pytest.approx(0.1761 * 0.2 / 0.3)
+    assert (log.best_hash, log.best_recent_ms) == ("f", 0.2)
+    rebuilt = _log_of_trials([("a", 0.5, None), ("b", 0.1761, {"vs": "a", "candidate_ms": 0.1761,
+                                                                  "incumbent_ms": 0.1926, "faster": True}),
+                              ("c", 0.1761, {"vs": "b", "candidate_ms": 0.1798, "incumbent_ms": 0.1781,
+                                             "faster": False})])
+    assert (rebuilt.best_hash, rebuilt.best_recent_ms) == ("b", 0.1781)  # a resumed job knows b's recent time
 
 
 def _log_of_trials(rows):

@@ -388,6 +388,9 @@ def test_mutations_start_from_the_tied_plan_that_ran_fastest_side_by_side():
     add("a", 2.0)  # the incumbent: first of the tie
     add("b", 2.0, {"vs": "h", "candidate_ms": 1.94, "incumbent_ms": 2.0, "rounds": 3, "faster": False})
     add("c", 2.0, {"vs": "h", "candidate_ms": 1.99, "incumbent_ms": 2.0, "rounds": 3, "faster": False})
+    # timed against an incumbent that ran far above its recent 2.0 ms twice: 2.2 ms is slower, not 0.73x
+    add("a", 2.0, {"vs": "h", "candidate_ms": 2.2, "incumbent_ms": 3.0, "rounds": 3, "faster": False,
+                   "attempts": 2, "disturbed": True, "recent_ms": 2.0})
     study.add_trial(optuna.trial.create_trial(params={k: "c" for k in dists}, distributions=dists, value=2.3))
     assert study.best_trial.params["k0"] == "a"  # what the mutation used to start from
     assert parent_of(study.get_trials()).params["k0"] == "b"
