@@ -343,3 +343,29 @@ def test_plans_are_timed_in_rounds_that_alternate_their_order(monkeypatch):
     for i in interleaved(len(plans), 3):
         assert runner_mod._built(w, plans[i], target, keep=True) == plans[i].hash
     assert sorted(built) == sorted(p.hash for p in plans)
+
+
+def test_the_comparisons_script_lists_a_studys_side_by_side_timings(tmp_path):
+    """benchmarks/study_comparisons.py, the read NOTES 32 quotes: one line per comparison."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="s", storage=url)
+    rows = [("a", 0.5, None),
+            ("b", 0.1761, {"vs": "a", "candidate_ms": 0.1761, "incumbent_ms": 0.1926, "rounds": 3, "faster": True}),
+            ("d", 0.1761, {"vs": "b", "candidate_ms": 0.2030, "incumbent_ms": 0.3000, "rounds": 3, "faster": False,
+                           "attempts": 2, "disturbed": True, "recent_ms": 0.1781}),
+            ("e", 0.9, {"vs": "b", "error": "timeout: candidate timed out"})]
+    for h, value, confirm in rows:
+        attrs = {"plan_hash": h, **({"confirm": confirm} if confirm else {})}
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs=attrs))
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "study_comparisons.py"
+    out = subprocess.run([sys.executable, str(script), url, "s"], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4 and lines[-1] == "3 comparisons, 1 run twice"
+    assert lines[0].endswith("b  score 0.1761  vs a: 0.1761 vs 0.1926 ms, faster")
+    assert lines[1].endswith("d  score 0.1761  vs b: 0.2030 vs 0.3000 ms, tie  "
+                             "(run twice, recent 0.1781 ms, disturbed the second time)")
+    assert lines[2].endswith("e  comparison failed: timeout: candidate timed out")
