@@ -469,6 +469,21 @@ class CandidateLog:
     def cutoff_ms(self) -> float | None:
         return None if self.best_ms is None else CUTOFF_FACTOR * self.best_ms
 
+    def best_timed_ms(self) -> float | None:
+        """What the best plan runs at when timed: its latest side-by-side median, or its one
+        lone timing while it has none."""
+        return self.best_recent_ms if self.best_recent_ms is not None else self.best_ms
+
+    def compare_below_ms(self) -> float | None:
+        """A candidate timed alone below this is timed against the best.  Its score or its
+        timed median, whichever is higher: a score is the product of the side-by-side ratios
+        that made it the best, and can fall below what any plan runs at alone, after which
+        no candidate would be compared again (a mobilenet_block job's first comparison
+        scored the default plan 0.156 ms while it ran 0.25 ms, and the job made no other
+        comparison in its 10 minutes, NOTES 32)."""
+        timed = self.best_timed_ms()
+        return None if self.best_ms is None or timed is None else max(self.best_ms, timed)
+
     def run(self, runner: IsolatedRunner, task: dict[str, Any], plan_hash: str, cap_s: float) -> dict[str, Any]:
         """The plan's result: the earlier one if it was measured before, else built and
         measured now (within the adapted limits), with ``seconds`` it took; one timed below
@@ -485,7 +500,7 @@ class CandidateLog:
         if injected:
             return res
         if (res["status"] == OK and self.best_ms is not None and self.best_plan is not None
-                and plan_hash != self.best_hash and res["median_ms"] < self.best_ms):
+                and plan_hash != self.best_hash and res["median_ms"] < self.compare_below_ms()):
             self.confirm(runner, task, res, cap_s)
         self.record(plan_hash, res, res["seconds"], task.get("plan"))
         return res
@@ -508,16 +523,17 @@ class CandidateLog:
         often enough on that noise that the best's score drifted down by a third in 10
         minutes with nothing faster found (NOTES 21).
         A comparison in which the incumbent runs more than ``DISTURBED_FACTOR`` times its
-        latest side-by-side median is disturbed, and is run once more.  If the second one is
+        latest side-by-side median (:meth:`best_timed_ms`: its lone timing before the first
+        comparison) is disturbed, and is run once more.  If the second one is
         disturbed too, the candidate counts as faster only if it also beats that earlier
-        median: an attention job confirmed a slower plan as 1.5x faster against an
+        time: an attention job confirmed a slower plan as 1.5x faster against an
         incumbent that ran at 1.7x its time of 40 s before, and its score then stood for
         the rest of the job (NOTES 31).  The incumbent's median in that second comparison
         becomes its latest, so a machine that stays slower costs one decision, not all.
         If the comparison itself fails, the candidate keeps its own median."""
         assert self.best_ms is not None and self.best_plan is not None
         limit = 2 * self.time_limit_s(cap_s)  # at most two builds (both are usually kept), then the rounds
-        recent = self.best_recent_ms
+        recent = self.best_timed_ms()
         for attempts in (1, 2):
             cmp = runner.run({**task, "compare_with": self.best_plan, "rounds": CONFIRM_ROUNDS}, timeout_s=limit)
             if cmp["status"] != OK:

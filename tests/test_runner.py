@@ -172,6 +172,45 @@ def test_a_comparison_in_which_the_incumbent_runs_far_above_its_recent_time_is_r
     assert (rebuilt.best_hash, rebuilt.best_recent_ms) == ("b", 0.1781)  # a resumed job knows b's recent time
 
 
+def test_a_first_comparison_with_the_incumbent_far_above_its_lone_timing_is_run_again():
+    """A mobilenet_block job's unfused first plan timed 0.510 ms alone, then 0.813 ms side by
+    side with the default plan (0.249 ms), which was scored 0.510 x 0.249/0.813 = 0.156 ms,
+    below anything a plan ran at alone (NOTES 32).  The lone timing is the incumbent's
+    recent time for the disturbed check."""
+    runner = FakeRunner([{"status": OK, "median_ms": 0.5104},
+                         {"status": OK, "median_ms": 0.20}, _cmp(0.2485, 0.8126), _cmp(0.2490, 0.8000),
+                         {"status": OK, "median_ms": 0.5104},
+                         {"status": OK, "median_ms": 0.20}, _cmp(0.2485, 0.8126), _cmp(0.24, 0.50)])
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
+    b = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)  # disturbed twice: judged against a's 0.5104
+    assert b["confirm"]["disturbed"] and b["confirm"]["recent_ms"] == 0.5104 and b["confirm"]["faster"]
+    assert value_of(b) == pytest.approx(0.2490) and (log.best_hash, log.best_recent_ms) == ("b", 0.2490)
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
+    b = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)  # the repeat is clean: it decides
+    # a ran 0.50 side by side, below its lone 0.5104: the scale starts from there (NOTES 22)
+    assert not b["confirm"]["disturbed"] and value_of(b) == pytest.approx(0.50 * 0.24 / 0.50)
+
+
+def test_a_candidate_is_compared_when_timed_below_the_best_plans_timed_median_even_above_its_score():
+    """A score can fall below what the best plan runs at; candidates timed alone below that
+    time are still compared, or the job would stop comparing (NOTES 32)."""
+    runner = FakeRunner([{"status": OK, "median_ms": 0.5},
+                         {"status": OK, "median_ms": 0.2}, _cmp(0.25, 0.6),  # scored 0.5 x 0.25/0.6
+                         {"status": OK, "median_ms": 0.22}, _cmp(0.21, 0.25),  # above the score: compared
+                         {"status": OK, "median_ms": 0.23}])  # above the best's 0.21 ms: not compared
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
+    log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
+    assert (log.best_ms, log.best_recent_ms, log.compare_below_ms()) == (pytest.approx(0.5 * 0.25 / 0.6), 0.25, 0.25)
+    c = log.run(runner, _task(plan='{"p":"c"}'), "c", 20.0)
+    assert c["confirm"]["faster"] and value_of(c) == pytest.approx(0.5 * 0.25 / 0.6 * 0.21 / 0.25)
+    assert log.best_hash == "c" and log.compare_below_ms() == 0.21
+    d = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)
+    assert "confirm" not in d and len(runner.calls) == 6 and log.best_hash == "c"
+
+
 def _log_of_trials(rows):
     study = optuna.create_study()
     for h, value, confirm in rows:
