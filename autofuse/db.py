@@ -537,6 +537,8 @@ class PlanDB:
         if version == SCHEMA_VERSION and names.issuperset(AF_TABLES):
             return
         if self.readonly or not create:
+            if not names:  # a job creates the file first, then the tables: a reader can come in between
+                raise DBError(f"{self._display} has no tables yet (a job may be creating it): no tuned plans")
             if version is None:
                 raise DBError(f"{self._display} is not an autofuse database (no af_schema table)")
             if version < SCHEMA_VERSION:

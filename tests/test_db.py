@@ -381,3 +381,12 @@ def test_plandb_after_optuna(tmp_path: Path) -> None:
         other = tmp_path / "optuna_only.db"
         _optuna_roundtrip(_url(other), "s")
         PlanDB(_url(other), create=False)
+
+
+def test_an_empty_database_file_reads_as_no_plans_yet(tmp_path: Path) -> None:
+    """A job creates the file (WAL on) before its tables; a leaderboard polling in between
+    must not call it foreign (a four-worker run's reader did, NOTES 32)."""
+    path = tmp_path / "new.db"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").fetchall()
+    with pytest.raises(DBError, match="has no tables yet .*no tuned plans"):
+        PlanDB(_url(path), create=False, readonly=True)
