@@ -481,7 +481,7 @@ class CandidateLog:
         no candidate would be compared again (a mobilenet_block job's first comparison
         scored the default plan 0.156 ms while it ran 0.25 ms, and the job made no other
         comparison in its 10 minutes, NOTES 32)."""
-        timed = self.best_timed_ms()
+        timed = self.best_timed_ms()  # None only while there is no best
         return None if self.best_ms is None or timed is None else max(self.best_ms, timed)
 
     def run(self, runner: IsolatedRunner, task: dict[str, Any], plan_hash: str, cap_s: float) -> dict[str, Any]:
@@ -499,8 +499,9 @@ class CandidateLog:
         res["seconds"] = time.perf_counter() - t0
         if injected:
             return res
-        if (res["status"] == OK and self.best_ms is not None and self.best_plan is not None
-                and plan_hash != self.best_hash and res["median_ms"] < self.compare_below_ms()):
+        below = self.compare_below_ms()
+        if (res["status"] == OK and below is not None and self.best_plan is not None
+                and plan_hash != self.best_hash and res["median_ms"] < below):
             self.confirm(runner, task, res, cap_s)
         self.record(plan_hash, res, res["seconds"], task.get("plan"))
         return res
