@@ -293,7 +293,9 @@ def tune(space: str, target_text: str, trials: int | None, timeout_text: str | N
         if b:
             ups = ", ".join(f"{v:.2f}× vs {k.removeprefix('speedup_vs_')}" for k, v in b.items()
                             if k.startswith("speedup_vs_") and v)
-            c.print(f"best plan {b['plan_hash']} ({b['label']}): {b['median_ms']:.4f} ms" + (f"  ({ups})" if ups else ""))
+            p75 = f", p75 of {len(b['runs_ms'])} runs {b['p75_ms']:.4f} ms" if b.get("p75_ms") else ""
+            c.print(f"best plan {b['plan_hash']} ({b['label']}): median {b['median_ms']:.4f} ms{p75}"
+                    + (f"  ({ups})" if ups else ""))
         o = result.overhead
         c.print(f"time: sampler+storage {o['sampler_and_storage_s']:.1f} s ({100 * o['sampler_and_storage_share']:.0f}%), "
                 f"build {o['build_s']:.1f} s, measure {o['measure_s']:.1f} s, worker/IPC {o['worker_ipc_and_setup_s']:.1f} s, "

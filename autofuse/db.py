@@ -18,6 +18,8 @@ Design notes
   a one-line :class:`DBError` and is never modified.
 * Schema version lives in ``af_schema``; ``MIGRATIONS[v](connection)`` upgrades
   a database from version ``v`` to ``v + 1`` inside the opening transaction.
+  A read-only reader of a version-1 database (no ``p75_ms`` column) reads it
+  as it is, that column as NULL: upgrading autofuse never locks readers out.
 
 This module deliberately does not import TVM.
 """
@@ -54,6 +56,7 @@ from sqlalchemy import (
     event,
     exc as sa_exc,
     inspect,
+    null,
     select,
 )
 from sqlalchemy.engine import URL, Engine, make_url
@@ -80,12 +83,19 @@ def normalize_url(text: str) -> str:
     if "://" in text or not text.strip():
         return text
     return f"sqlite:///{text}"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+def _add_p75_column(conn: Connection) -> None:
+    """1 -> 2: ``af_measurements.p75_ms`` (nullable; older measurements keep NULL)."""
+    if "p75_ms" not in {c["name"] for c in inspect(conn).get_columns("af_measurements")}:
+        conn.exec_driver_sql("ALTER TABLE af_measurements ADD COLUMN p75_ms FLOAT")
+
 
 #: ``{from_version: fn(connection)}``; ``fn`` upgrades the schema from
 #: ``from_version`` to ``from_version + 1``.  It runs inside the (exclusive)
 #: opening transaction; ``af_schema`` is updated by :class:`PlanDB` afterwards.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _add_p75_column}
 
 BUSY_TIMEOUT_S = 30.0
 WRITE_RETRIES = 8
@@ -184,6 +194,10 @@ af_measurements = Table(
     Column("min_ms", Float, nullable=True),
     Column("max_ms", Float, nullable=True),
     Column("std_ms", Float, nullable=True),
+    # A final re-measurement times each plan in several runs spread over its rounds; this is
+    # the 75th percentile of those runs' medians, the time the plan keeps in three runs of
+    # four, slow minutes of a shared machine included.  Finals rank by it (see _rank).
+    Column("p75_ms", Float, nullable=True),
     Column("repeats", Integer, nullable=False),
     Column("correct", Boolean, nullable=False),
     Column("max_rel_err", Float, nullable=True),
@@ -221,6 +235,7 @@ class BestPlan:
     autofuse_version: str
     measured_at: str
     trials: int  # distinct (study, trial_number) measured for workload+target
+    p75_ms: float | None = None  # of a final re-measurement's runs (what finals rank by)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,6 +258,7 @@ class LeaderRow:
     autofuse_version: str
     rank: int = 1
     host: dict | None = None  # host fingerprint of the chosen measurement (staleness checks)
+    p75_ms: float | None = None  # of a final re-measurement's runs (what finals rank by)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -281,6 +297,7 @@ class _Rec:
     median_ms: float | None
     min_ms: float | None
     max_ms: float | None
+    p75_ms: float | None
     repeats: int
     correct: bool
     max_rel_err: float | None
@@ -302,6 +319,12 @@ class _Rec:
     def usable(self) -> bool:
         return bool(self.correct) and self.median_ms is not None
 
+    @property
+    def rank_ms(self) -> float:
+        """What the measurement ranks by: its runs' 75th percentile when it has one (a
+        final re-measurement), else its median."""
+        return float(self.p75_ms if self.p75_ms is not None else self.median_ms)  # type: ignore[arg-type]
+
 
 _REC_COLUMNS = (
     af_measurements.c.id,
@@ -316,6 +339,7 @@ _REC_COLUMNS = (
     af_measurements.c.median_ms,
     af_measurements.c.min_ms,
     af_measurements.c.max_ms,
+    af_measurements.c.p75_ms,
     af_measurements.c.repeats,
     af_measurements.c.correct,
     af_measurements.c.max_rel_err,
@@ -329,9 +353,12 @@ _REC_COLUMNS = (
 )
 
 
-def _rec_select():
+def _rec_select(with_p75: bool = True):
+    """``with_p75=False``: a version-1 database, read as is (no such column yet)."""
+    columns = _REC_COLUMNS if with_p75 else [null().label("p75_ms") if c is af_measurements.c.p75_ms else c
+                                             for c in _REC_COLUMNS]
     return (
-        select(*_REC_COLUMNS)
+        select(*columns)
         .select_from(af_measurements)
         .join(af_plans, af_plans.c.id == af_measurements.c.plan_id)
         .join(af_workloads, af_workloads.c.id == af_plans.c.workload_id)
@@ -354,17 +381,19 @@ def _count_trials(recs: Iterable[_Rec]) -> int:
 
 
 def _rank(recs: Sequence[_Rec]) -> _Ranked:
-    """Rank plans of one group: lowest correct median wins; only ``final``
-    measurements count when the group has any correct final measurement."""
+    """Rank plans of one group: only ``final`` measurements count when the group has
+    any correct final measurement; the lowest ``rank_ms`` wins (a final's 75th
+    percentile of runs: a plan that is fast in some minutes and much slower in others
+    does not win on its fast minutes, NOTES 33)."""
     usable = [r for r in recs if r.usable]
     finals = [r for r in usable if r.kind == "final"]
     pool = finals or usable
     best: dict[str, _Rec] = {}
     for r in pool:
         cur = best.get(r.plan_hash)
-        if cur is None or (r.median_ms, r.id) < (cur.median_ms, cur.id):
+        if cur is None or (r.rank_ms, r.id) < (cur.rank_ms, cur.id):
             best[r.plan_hash] = r
-    plans = sorted(best.values(), key=lambda r: (r.median_ms, r.id))
+    plans = sorted(best.values(), key=lambda r: (r.rank_ms, r.id))
     return _Ranked(plans=plans, pool=pool, trials=_count_trials(recs))
 
 
@@ -397,6 +426,7 @@ class PlanDB:
 
     def __init__(self, url: str = DEFAULT_URL, *, create: bool = True, readonly: bool = False) -> None:
         self.readonly = readonly
+        self._with_p75 = True  # False: a version-1 database opened read-only (see _init_schema)
         self._engine: Engine | None = None
         try:
             self._url: URL = make_url(url)
@@ -541,6 +571,9 @@ class PlanDB:
                 raise DBError(f"{self._display} has no tables yet (a job may be creating it): no tuned plans")
             if version is None:
                 raise DBError(f"{self._display} is not an autofuse database (no af_schema table)")
+            if version == 1 and names.issuperset(AF_TABLES):  # version 2 only added p75_ms
+                self._with_p75 = False
+                return
             if version < SCHEMA_VERSION:
                 raise DBError(
                     f"database schema version {version} is older than this autofuse "
@@ -660,6 +693,7 @@ class PlanDB:
         max_ms: float | None,
         std_ms: float | None,
         repeats: int,
+        p75_ms: float | None = None,
         correct: bool,
         max_rel_err: float | None = None,
         error: str | None = None,
@@ -683,6 +717,7 @@ class PlanDB:
             min_ms=_finite_or_none(min_ms),
             max_ms=_finite_or_none(max_ms),
             std_ms=_finite_or_none(std_ms),
+            p75_ms=_finite_or_none(p75_ms),
             repeats=int(repeats),
             correct=bool(correct),
             max_rel_err=_finite_or_none(max_rel_err),
@@ -712,7 +747,7 @@ class PlanDB:
         are preferred; if that host has none, all hosts are considered (check
         ``BestPlan.host`` to warn on a mismatch)."""
         tjson = canonical_json(target)
-        recs = self._read(_fetch_recs, workload_hash=workload_hash, target_json=tjson)
+        recs = self._read(_fetch_recs, workload_hash=workload_hash, target_json=tjson, with_p75=self._with_p75)
         if host is not None:
             hh = _sha(canonical_json(host))
             mine = [r for r in recs if r.host_hash == hh]
@@ -741,6 +776,7 @@ class PlanDB:
             autofuse_version=b.autofuse_version,
             measured_at=b.created_at,
             trials=ranked.trials,
+            p75_ms=b.p75_ms,
         )
 
     def leaderboard(self, workload: str | None = None, target: str | None = None, top: int = 1) -> list[LeaderRow]:
@@ -748,7 +784,7 @@ class PlanDB:
         :meth:`best_plan` (hosts pooled).  ``workload`` matches a name exactly
         or a hash prefix; ``target`` matches the target ``kind`` or a
         substring of its canonical JSON."""
-        recs = self._read(_fetch_recs)
+        recs = self._read(_fetch_recs, with_p75=self._with_p75)
         groups: dict[tuple[str, str], list[_Rec]] = {}
         for r in recs:
             if workload is not None and not (r.workload_name == workload or r.workload_hash.startswith(workload)):
@@ -782,6 +818,7 @@ class PlanDB:
                         autofuse_version=b.autofuse_version,
                         rank=i,
                         host=json.loads(b.host_json),
+                        p75_ms=b.p75_ms,
                     )
                 )
         return rows
@@ -789,7 +826,8 @@ class PlanDB:
     def measurements(self, workload_hash: str, target: dict, *, host: dict | None = None) -> list[MeasurementRow]:
         """Every measurement for workload+target (all hosts unless ``host``),
         oldest first, for history plots."""
-        recs = self._read(_fetch_recs, workload_hash=workload_hash, target_json=canonical_json(target))
+        recs = self._read(_fetch_recs, workload_hash=workload_hash, target_json=canonical_json(target),
+                          with_p75=self._with_p75)
         if host is not None:
             hh = _sha(canonical_json(host))
             recs = [r for r in recs if r.host_hash == hh]
@@ -880,8 +918,9 @@ def _add_measurement(conn: Connection, values: dict[str, Any]) -> int:
     return int(res.inserted_primary_key[0])
 
 
-def _fetch_recs(conn: Connection, *, workload_hash: str | None = None, target_json: str | None = None) -> list[_Rec]:
-    q = _rec_select()
+def _fetch_recs(conn: Connection, *, workload_hash: str | None = None, target_json: str | None = None,
+                with_p75: bool = True) -> list[_Rec]:
+    q = _rec_select(with_p75)
     if workload_hash is not None:
         q = q.where(af_workloads.c.hash == workload_hash)
     if target_json is not None:

@@ -15,7 +15,7 @@ import statistics
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,12 +62,16 @@ _RECENT_BUILDS: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
 RECENT_BUILDS_KEPT = 8
 
 
-def interleaved(n: int, rounds: int) -> Iterator[int]:
+def interleaved(n: int, rounds: int, until: float | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> Iterator[int]:
     """The order in which ``n`` plans are timed over ``rounds`` rounds: A B C, then C B A, ...
     Each plan is timed as often early as late in every pair of rounds, so a drift of the
-    machine's speed during the rounds does not favour the plans timed first."""
-    for r in range(rounds):
+    machine's speed during the rounds does not favour the plans timed first.  With
+    ``until`` (a ``clock()`` time), whole rounds go on after ``rounds`` until then."""
+    r = 0
+    while r < rounds or (until is not None and clock() < until):
         yield from (range(n) if r % 2 == 0 else range(n - 1, -1, -1))
+        r += 1
 
 
 def _built(w: Workload, plan: Plan, target: Target, keep: bool) -> Any:

@@ -408,3 +408,41 @@ def test_the_comparisons_script_lists_a_studys_side_by_side_timings(tmp_path):
     assert lines[1].endswith("d  score 0.1761  vs b: 0.2030 vs 0.3000 ms, tie  "
                              "(run twice, recent 0.1781 ms, disturbed the second time)")
     assert lines[2].endswith("e  comparison failed: timeout: candidate timed out")
+
+
+def test_the_stability_script_times_stored_plans_and_variants_over_fresh_workers(tmp_path):
+    """benchmarks/plan_stability.py, the experiment NOTES 33 quotes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from autofuse.db import PlanDB
+    from autofuse.target import host_fingerprint, parse_target
+
+    w = get_workload("ew_chain", True)
+    plan = w.reference_plan("default")
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    with PlanDB(url) as db:
+        db.put_workload(w.hash, w.name, w.graph_json())
+        db.put_plan(w.hash, parse_target("llvm").spec, host_fingerprint(), plan.hash, plan.to_json(), "default")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_stability.py"
+    out = subprocess.run([sys.executable, str(script), url, "ew_chain", plan.hash[:6], "--tiny", "--rounds", "1",
+                          "--variant", f"u16={plan.hash[:6]}:0:unroll=16"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 and " round 0 " in lines[0]
+    assert lines[1].split()[0] == plan.hash[:8] and lines[2].split()[0] == "u16"
+    assert all(line.endswith("ms  (2 runs)") for line in lines[1:])
+    bad = subprocess.run([sys.executable, str(script), url, "ew_chain", "ffff"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and bad.stderr.strip() == "plan 'ffff': 0 stored plans match, need exactly one"
+
+
+def test_interleaved_rounds_alternate_and_go_on_in_whole_rounds_until_a_time():
+    from autofuse.runner import interleaved
+
+    assert list(interleaved(3, 2)) == [0, 1, 2, 2, 1, 0]
+    ticks = iter(range(100))  # a fake clock: one tick per look, looked at once per round after the first two
+    order = list(interleaved(2, 2, until=3, clock=lambda: next(ticks)))
+    assert order == [0, 1, 1, 0, 0, 1, 1, 0, 0, 1]  # rounds 3-5 ran while the clock read 0, 1, 2
+    assert list(interleaved(2, 2, until=0, clock=lambda: 5.0)) == [0, 1, 1, 0]  # never fewer than asked

@@ -279,7 +279,7 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
             return autofuse_model_col()
         cfg = JobConfig(space=w.space.name, target=target.spec_json, tiny=w.tiny, trials=None, timeout_s=budget_s,
                         db_url=db_url, study=f"bench-{w.space.name}-{int(time.time())}", seed=seed,
-                        candidate_timeout_s=candidate_timeout, progress=False, log_dir=str(out_dir), final_rounds=2)
+                        candidate_timeout_s=candidate_timeout, progress=False, log_dir=str(out_dir))
         result = run_job(cfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: autofuse", budget_s)))
         extra["autofuse_job"] = result.as_dict()
         guided = StudyHistory(db_url, result.study)
