@@ -222,9 +222,13 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
     def plan_note(plan: Plan, label: str, note: str) -> str:
         return f"plan {plan.hash} ({label}), {len(plan.groups)} kernels, {note}"
 
+    built: dict[str, Any] = {}  # plan hash -> executable: a plan two columns time is built once
+
     def plan_runnable(name: str, plan_json: str, label: str, note: str) -> _Runnable:
         plan = Plan.from_json(plan_json)
-        ex = build(w.graph(plan.fold_params), plan, target)
+        if plan.hash not in built:
+            built[plan.hash] = build(w.graph(plan.fold_params), plan, target)
+        ex = built[plan.hash]
         r = _vm_runnable(name, ex, w, plan.fold_params, target, note=plan_note(plan, label, note))
         r.plan_hash = plan.hash
         return r
