@@ -446,17 +446,18 @@ def final_candidates(complete: list[optuna.trial.FrozenTrial], top_k: int) -> di
 
 def runs_p75(run_medians: list[float]) -> float:
     """The 75th percentile of a plan's per-run medians: the time it keeps in three runs of
-    four.  On this shared machine some plans run 7% faster than the default plan in quiet
-    minutes and 40% slower in busy ones (mobilenet_block, NOTES 33); a median of all
-    samples picks them, this does not."""
+    four.  On this shared machine, in one experiment, some plans ran 7% faster than the
+    default plan by the median and 17% slower by this, as they slowed down far more in the
+    machine's slow stretches (mobilenet_block, NOTES 33): a median of all samples picks
+    them, this does not."""
     if len(run_medians) == 1:
         return run_medians[0]
     return statistics.quantiles(run_medians, n=4, method="inclusive")[2]
 
 
 # The final re-measurement goes on for this share of the job's time (at most FINAL_MAX_S): the
-# minutes in which some plans run 40% slower came every 20 s or so in a 2-minute experiment
-# (NOTES 33), and eight quick rounds can fall between two of them.
+# machine's slow stretches (a few seconds each) came about every 20 s in two 2-minute
+# experiments (NOTES 33), and eight quick rounds can fall between two of them.
 FINAL_SHARE = 0.1
 FINAL_MAX_S = 120.0
 
