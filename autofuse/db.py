@@ -659,6 +659,11 @@ class PlanDB:
         except sa_exc.DBAPIError as e:
             raise DBError(f"read from {self._display} failed: {_short(e)}") from None
 
+    def _recs(self, **filters: Any) -> list[_Rec]:
+        """Measurements joined with their plan, workload and target (``_fetch_recs`` filters),
+        read the way this database's schema version allows."""
+        return self._read(_fetch_recs, with_p75=self._with_p75, **filters)
+
     # ---- writes -----------------------------------------------------------
     def put_workload(self, hash: str, name: str, graph_json: str) -> int:  # noqa: A002 - spec'd name
         """Insert a workload (idempotent on ``hash``); returns its id."""
@@ -747,7 +752,7 @@ class PlanDB:
         are preferred; if that host has none, all hosts are considered (check
         ``BestPlan.host`` to warn on a mismatch)."""
         tjson = canonical_json(target)
-        recs = self._read(_fetch_recs, workload_hash=workload_hash, target_json=tjson, with_p75=self._with_p75)
+        recs = self._recs(workload_hash=workload_hash, target_json=tjson)
         if host is not None:
             hh = _sha(canonical_json(host))
             mine = [r for r in recs if r.host_hash == hh]
@@ -784,7 +789,7 @@ class PlanDB:
         :meth:`best_plan` (hosts pooled).  ``workload`` matches a name exactly
         or a hash prefix; ``target`` matches the target ``kind`` or a
         substring of its canonical JSON."""
-        recs = self._read(_fetch_recs, with_p75=self._with_p75)
+        recs = self._recs()
         groups: dict[tuple[str, str], list[_Rec]] = {}
         for r in recs:
             if workload is not None and not (r.workload_name == workload or r.workload_hash.startswith(workload)):
@@ -826,8 +831,7 @@ class PlanDB:
     def measurements(self, workload_hash: str, target: dict, *, host: dict | None = None) -> list[MeasurementRow]:
         """Every measurement for workload+target (all hosts unless ``host``),
         oldest first, for history plots."""
-        recs = self._read(_fetch_recs, workload_hash=workload_hash, target_json=canonical_json(target),
-                          with_p75=self._with_p75)
+        recs = self._recs(workload_hash=workload_hash, target_json=canonical_json(target))
         if host is not None:
             hh = _sha(canonical_json(host))
             recs = [r for r in recs if r.host_hash == hh]
