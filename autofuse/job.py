@@ -462,58 +462,94 @@ FINAL_SHARE = 0.1
 FINAL_MAX_S = 120.0
 
 
+@dataclass
+class FinalTiming:
+    """One plan's runs in a final re-measurement: every sample, and one median per run."""
+
+    samples: list[float] = field(default_factory=list)
+    runs: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: float,
+               stop: _StopFlag | None = None) -> dict[str, FinalTiming]:
+    """Time the ``chosen`` plans (hash -> (plan JSON, label)) in one worker, interleaved
+    over at least ``final_rounds`` rounds and ``seconds`` (whole rounds).  A plan that
+    fails once is not timed again; a stop (Ctrl-C) ends it at once, keeping the runs made."""
+    target = cfg.target_obj()
+    timed = {h: FinalTiming() for h in chosen}
+    timing = asdict(cfg.final_timing)
+    with IsolatedRunner(cfg.candidate_timeout_s, cfg.mem_limit_mb) as runner:
+        hashes = list(chosen)
+        until = time.perf_counter() + seconds
+        for i in interleaved(len(hashes), cfg.final_rounds, until=until):
+            if all(t.error for t in timed.values()) or (stop is not None and stop.requested):
+                break
+            h = hashes[i]
+            if timed[h].error:
+                continue
+            res = runner.run({"space": cfg.space, "tiny": cfg.tiny, "plan": chosen[h][0], "target": target.spec_json,
+                              "timing": timing})
+            if res["status"] == OK:
+                timed[h].samples.extend(res["samples_ms"])
+                timed[h].runs.append(statistics.median(res["samples_ms"]))
+            else:
+                timed[h].error = f"{res['status']}: {res.get('error', '')}"
+    return timed
+
+
+def final_seconds(job_wall_s: float) -> float:
+    """How long a job of ``job_wall_s`` re-measures its final candidates."""
+    return min(FINAL_MAX_S, FINAL_SHARE * job_wall_s)
+
+
 def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0,
                     stop: _StopFlag | None = None) -> list[dict[str, Any]]:
-    """Re-measure the top-k plans and the references together, interleaved over at least
-    ``final_rounds`` rounds and ``FINAL_SHARE`` of the job's time; they rank by
-    :func:`runs_p75` of their runs' medians.  A stop (Ctrl-C) ends it at once, keeping
-    the runs made so far."""
+    """Re-measure the top-k plans and the references together (:func:`time_final`, for
+    ``FINAL_SHARE`` of the job's time), store the results, and return them best first:
+    by :func:`runs_p75` of their runs' medians."""
     w = get_workload(cfg.space, cfg.tiny)
     target = cfg.target_obj()
     host = host_fingerprint()
     chosen = final_candidates(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)), cfg.top_k)
     if not chosen:
         return []
-    samples: dict[str, list[float]] = {h: [] for h in chosen}
-    runs: dict[str, list[float]] = {h: [] for h in chosen}  # one median per run
-    errors: dict[str, str] = {}
-    timing = asdict(cfg.final_timing)
-    with IsolatedRunner(cfg.candidate_timeout_s, cfg.mem_limit_mb) as runner:
-        hashes = list(chosen)
-        until = time.perf_counter() + min(FINAL_MAX_S, FINAL_SHARE * job_wall_s)
-        for i in interleaved(len(hashes), cfg.final_rounds, until=until):  # a plan that fails once is not timed again
-            if len(errors) == len(hashes) or (stop is not None and stop.requested):
-                break
-            h = hashes[i]
-            if h in errors:
-                continue
-            res = runner.run({"space": cfg.space, "tiny": cfg.tiny, "plan": chosen[h][0], "target": target.spec_json,
-                              "timing": timing})
-            if res["status"] == OK:
-                samples[h].extend(res["samples_ms"])
-                runs[h].append(statistics.median(res["samples_ms"]))
-            else:
-                errors[h] = f"{res['status']}: {res.get('error', '')}"
+    timed = time_final(cfg, chosen, final_seconds(job_wall_s), stop)
     db = PlanDB(cfg.db_url)
     out = []
     for h, (plan_json, label) in chosen.items():
-        s = samples[h]
-        if not s and h not in errors:
+        s, err = timed[h].samples, timed[h].error
+        if not s and not err:
             continue  # the job was stopped before this plan was timed: nothing to store
-        ok = h not in errors
-        p75 = runs_p75(runs[h]) if ok else None
+        ok = err is None
+        p75 = runs_p75(timed[h].runs) if ok else None
         plan_id = db.put_plan(w.hash, target.spec, host, h, plan_json, label)
         db.add_measurement(plan_id, median_ms=statistics.median(s) if ok else None, min_ms=min(s) if ok else None,
                            max_ms=max(s) if ok else None, std_ms=statistics.pstdev(s) if ok else None, p75_ms=p75,
-                           repeats=len(s), correct=ok, error=errors.get(h), kind="final",
+                           repeats=len(s), correct=ok, error=err, kind="final",
                            tvm_version=_tvm_version(), autofuse_version=autofuse.__version__, study=study.study_name)
         out.append({"plan_hash": h, "label": label, "correct": ok, "median_ms": statistics.median(s) if ok else None,
                     "p75_ms": p75, "spread_ms": (max(s) - min(s)) if ok else None, "repeats": len(s),
-                    "runs_ms": [round(x, 6) for x in runs[h]], "error": errors.get(h)})
+                    "runs_ms": [round(x, 6) for x in timed[h].runs], "error": err})
     db.close()
     out.sort(key=lambda r: (not r["correct"], r["p75_ms"] or 0.0))
     log.info("final re-measurement: %s", json.dumps(out))
     return out
+
+
+def choice_of_shorter_job(cfg: JobConfig, complete: list[optuna.trial.FrozenTrial],
+                          job_wall_s: float) -> tuple[str | None, dict[str, Any]]:
+    """The plan JSON a job of ``job_wall_s`` would have returned, given the trials it had
+    completed when its search ended (``complete``): its final re-measurement over them, for
+    its share of that time, nothing stored.  The bench asks this of the first 3 minutes of
+    a 10-minute job: a 3-minute job ends in the same final as a 10-minute one, and the best
+    score alone is not what it returns (NOTES 34).  Returns (plan JSON or None, details)."""
+    chosen = final_candidates(complete, cfg.top_k)
+    timed = time_final(cfg, chosen, final_seconds(job_wall_s)) if chosen else {}
+    ranked = sorted((runs_p75(t.runs), h) for h, t in timed.items() if t.error is None and t.runs)
+    details = {"candidates": list(chosen), "p75_ms": {h: round(v, 6) for v, h in ranked},
+               "rounds": max((len(t.runs) for t in timed.values()), default=0)}
+    return (chosen[ranked[0][1]][0] if ranked else None), details
 
 
 def _summarize(cfg: JobConfig, study: optuna.Study, before: int, wall: float, timers: Timers,

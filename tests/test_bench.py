@@ -135,11 +135,14 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
         assert sbs["random_over_guided"] == pytest.approx(sbs["random_ms"] / sbs["guided_ms"])
         assert sbs["samples"] == space["columns"]["autofuse"]["samples"]
     assert f"{sbs['random_over_guided']:.2f}x** side by side at {n} measured" in (out / "bench.md").read_text()
-    early = space["autofuse_early_best"]  # the best at 30% of the budget against the final one, side by side
+    early = space["autofuse_early_best"]  # what a job of 30% of the budget would have returned, against the final one
     assert early["at_s"] == pytest.approx(1.5)
     if early["early_plan"] is None:  # a tiny 5 s budget may have no verified plan 1.5 s in
         assert "no verified plan yet at 2 s" in (out / "bench.md").read_text()
-    else:
+        assert early["best_score_plan"] is None
+    else:  # chosen by that job's final re-measurement, from its candidates
+        assert early["early_plan"] == min(early["early_final"]["p75_ms"], key=early["early_final"]["p75_ms"].get)
+        assert early["best_score_plan"] in early["early_final"]["candidates"]
         assert early["final_plan"] in space["columns"]["autofuse"]["note"]
         assert early["final_over_early"] > 0 and "error" not in early, early
         if early["early_plan"] != early["final_plan"]:

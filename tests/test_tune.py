@@ -447,3 +447,32 @@ def test_the_final_remeasurement_lasts_a_share_of_the_job_and_a_stop_ends_it(tmp
     stop.requested = True  # Ctrl-C during the final: it ends, nothing untimed is stored
     assert final_remeasure(cfg, study, job_wall_s=3.0 / FINAL_SHARE, stop=stop) == []
     assert finals() == before + len(out)
+
+
+def test_the_choice_of_a_shorter_job_is_its_final_over_the_plans_it_had_and_stores_nothing(tmp_path):
+    """The bench's 3-minute check asks what a job of 3 minutes would have returned: the same
+    final re-measurement over the trials completed by then, not the best score then."""
+    from autofuse.job import JobConfig, choice_of_shorter_job, final_candidates, run_job
+    from autofuse.measure import TimingConfig
+    from autofuse.plan import Plan
+
+    quick = TimingConfig(repeats=2, min_repeat_ms=1, warmup=1)
+    url = f"sqlite:///{tmp_path}/t.db"
+    cfg = JobConfig(space="ew_chain", tiny=True, db_url=url, seed=0, trials=6, timing=quick, final_timing=quick,
+                    top_k=2, final_rounds=3, log_dir=str(tmp_path), progress=False)
+    run_job(cfg)
+    study = optuna.load_study(study_name=cfg.study_name(), storage=url)
+    complete = sorted(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)), key=lambda t: t.number)
+    early = complete[:3]
+    con = sqlite3.connect(f"{tmp_path}/t.db")
+    count = "select count(*) from af_measurements"
+    (before,) = con.execute(count).fetchone()
+    plan_json, details = choice_of_shorter_job(cfg, early, job_wall_s=10.0)
+    assert details["candidates"] == list(final_candidates(early, cfg.top_k))
+    assert details["rounds"] >= cfg.final_rounds
+    assert set(details["p75_ms"]) == set(details["candidates"])  # every candidate timed (none failed)
+    fastest = min(details["p75_ms"], key=details["p75_ms"].get)
+    assert Plan.from_json(plan_json).hash == fastest
+    assert con.execute(count).fetchone() == (before,)  # a what-if: nothing stored
+    con.close()
+    assert choice_of_shorter_job(cfg, [], job_wall_s=10.0) == (None, {"candidates": [], "p75_ms": {}, "rounds": 0})

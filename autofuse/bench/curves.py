@@ -27,9 +27,10 @@ class StudyHistory:
         study = optuna.load_study(study_name=study_name, storage=db_url)
         trials = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
         self.points: list[_Point] = []
+        self._trials = trials
         if not trials:
             return
-        t0 = min(t.datetime_start for t in trials)
+        t0 = self._t0 = min(t.datetime_start for t in trials)
         best, measured = None, 0
         for t in trials:
             built = "seconds" in t.user_attrs
@@ -60,6 +61,15 @@ class StudyHistory:
                 break
             plan = p.best.user_attrs.get("plan")
         return plan
+
+
+    def complete_before(self, seconds: float) -> list[Any]:
+        """The trials (optuna FrozenTrials) completed with a value within ``seconds`` of the
+        first trial's start: what a job of that budget would have had when its search ended."""
+        import optuna
+
+        return [t for t in self._trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
+                and (t.datetime_complete - self._t0).total_seconds() <= seconds]
 
 
 def search_curves(db_url: str, study_name: str) -> tuple[list[tuple[float, float]], list[tuple[int, float]]]:

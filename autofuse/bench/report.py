@@ -100,9 +100,10 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
               + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items() if k != "autofuse") + ".",
               "", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
-              "the next column checks it: the plan that was the best at 30% of the budget (3 of 10 minutes) "
-              "timed in the same rounds as the final best and the columns, final time over early time (>= 95%: "
-              "the target is met)."]
+              "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
+              "returned (the job's final re-measurement, for a tenth of that time, over the plans found by "
+              "then) timed in the same rounds as the final best and the columns, final time over early time "
+              "(>= 95%: the target is met)."]
     if vs_random:
         lines += ["", "Random search at equal trials: random sampling of the same space from the same reference "
                   "and seed plans, tuned for the same budget after autofuse. In bold, the two plans each search "
