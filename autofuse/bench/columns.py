@@ -128,12 +128,13 @@ EARLY_SHARE = 0.3  # the issue's "95% of the 10-minute best within the first 3 m
 @dataclass
 class PlanPair:
     """Two plans of the tuning jobs whose ratio the report gives: what a job of 30% of the
-    budget would have returned against the final best, and guided against random search at equal trials.  Plans of two
-    jobs, or of two moments of one job, compare only side by side: a job's scores are anchored
-    in its own first minutes, and a best plan's score is the product of the side-by-side
-    ratios that made it the best, noise included.  Both plans are checked and timed in the
-    bench's own rounds, interleaved with the columns: timed apart, right after a job ended,
-    the same plans ran up to 1.9x slower than in the rounds (NOTES 30).  ``finish`` writes
+    budget would have returned against the final best, and guided against random search at
+    equal trials.  Plans of two jobs, or of two moments of one job, compare only side by
+    side: a job's scores are anchored in its own first minutes, and a best plan's score is
+    the product of the side-by-side ratios that made it the best, noise included.  Both
+    plans are checked and timed in the bench's own rounds, interleaved with the columns:
+    timed apart, right after a job ended, the same plans ran up to 1.9x slower than in the
+    rounds (NOTES 30).  ``finish`` writes
     ``{<a>_plan, <b>_plan, <a>_ms, <b>_ms, <b>_over_<a>, samples}`` into ``into``."""
 
     names: tuple[str, str]

@@ -62,7 +62,6 @@ class StudyHistory:
             plan = p.best.user_attrs.get("plan")
         return plan
 
-
     def complete_before(self, seconds: float) -> list[Any]:
         """The trials (optuna FrozenTrials) completed with a value within ``seconds`` of the
         first trial's start: what a job of that budget would have had when its search ended."""
