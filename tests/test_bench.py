@@ -285,3 +285,16 @@ def test_the_plans_of_the_search_checks_are_checked_and_timed_in_the_columns_rou
     assert pairs[0].into["early_plan"] == "ee" and pairs[0].into["samples"] == 6
     assert pairs[0].into["final_over_early"] == pytest.approx(final.column.median_ms / early.column.median_ms)
     assert pairs[1].into["error"].startswith("plan oo: wrong result")
+
+
+def test_the_early_cell_says_which_plan_the_3_minute_check_timed():
+    """Rows of this version time what a 3-minute job would have returned; rows of reports
+    made before it timed the best-scored plan at 3 minutes, and their cells say so."""
+    from autofuse.bench.report import early_cell
+
+    row = {"at_s": 180.0, "early_plan": "aa", "final_plan": "bb", "final_over_early": 0.8, "early_final": {}}
+    assert early_cell(row) == "80% of the final best at 180 s"
+    assert early_cell({**row, "final_plan": "aa", "final_over_early": 1.0}) == \
+        "100% of the final best at 180 s (the same plan)"
+    older = {k: v for k, v in row.items() if k != "early_final"}
+    assert early_cell(older) == "80% of the final best at 180 s (best score then)"

@@ -36,7 +36,9 @@ def random_cell(cmp: dict[str, Any] | None) -> str:
 
 
 def early_cell(early: dict[str, Any] | None) -> str:
-    """How close the best plan at 30% of the budget came to the final one, timed side by side."""
+    """How close what a job of 30% of the budget returns came to the final plan, timed side
+    by side.  Reports of earlier versions took the best-scored plan at that point instead
+    (no ``early_final`` in their JSON); their cells say so."""
     if not early:
         return ""
     if not early.get("early_plan"):
@@ -44,7 +46,8 @@ def early_cell(early: dict[str, Any] | None) -> str:
     if not early.get("final_over_early"):
         return early.get("error", "")
     same = " (the same plan)" if early["early_plan"] == early["final_plan"] else ""
-    return f"{100 * early['final_over_early']:.0f}% of the final best at {early['at_s']:.0f} s{same}"
+    how = "" if "early_final" in early else " (best score then)"
+    return f"{100 * early['final_over_early']:.0f}% of the final best at {early['at_s']:.0f} s{same}{how}"
 
 
 def report_columns(report: dict[str, Any]) -> list[str]:
@@ -76,7 +79,7 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
         lines += [f"Command: `{command}`", ""]
     vs_random = any("search_vs_random" in r for r in report["spaces"])
     lines.append("| space | " + " | ".join(cols) + " | roofline | autofuse/roofline | trials | 95% of best at (scores) "
-                 "| best at 30% of the budget, side by side |" + (" random search at equal trials |" if vs_random else ""))
+                 "| at 30% of the budget, side by side |" + (" random search at equal trials |" if vs_random else ""))
     lines.append("|---" * (len(cols) + 6 + vs_random) + "|")
     for r in report["spaces"]:
         row = [r["space"]]
