@@ -464,11 +464,18 @@ FINAL_MAX_S = 120.0
 
 @dataclass
 class FinalTiming:
-    """One plan's runs in a final re-measurement: every sample, and one median per run."""
+    """One plan's runs in a final re-measurement: the samples of each run."""
 
-    samples: list[float] = field(default_factory=list)
-    runs: list[float] = field(default_factory=list)
+    runs: list[list[float]] = field(default_factory=list)
     error: str | None = None
+
+    @property
+    def samples(self) -> list[float]:
+        return [x for run in self.runs for x in run]
+
+    @property
+    def run_medians(self) -> list[float]:
+        return [statistics.median(run) for run in self.runs]
 
 
 def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: float,
@@ -491,8 +498,7 @@ def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: floa
             res = runner.run({"space": cfg.space, "tiny": cfg.tiny, "plan": chosen[h][0], "target": target.spec_json,
                               "timing": timing})
             if res["status"] == OK:
-                timed[h].samples.extend(res["samples_ms"])
-                timed[h].runs.append(statistics.median(res["samples_ms"]))
+                timed[h].runs.append(list(res["samples_ms"]))
             else:
                 timed[h].error = f"{res['status']}: {res.get('error', '')}"
     return timed
@@ -522,7 +528,7 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
         if not s and not err:
             continue  # the job was stopped before this plan was timed: nothing to store
         ok = err is None
-        p75 = runs_p75(timed[h].runs) if ok else None
+        p75 = runs_p75(timed[h].run_medians) if ok else None
         plan_id = db.put_plan(w.hash, target.spec, host, h, plan_json, label)
         db.add_measurement(plan_id, median_ms=statistics.median(s) if ok else None, min_ms=min(s) if ok else None,
                            max_ms=max(s) if ok else None, std_ms=statistics.pstdev(s) if ok else None, p75_ms=p75,
@@ -530,7 +536,7 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
                            tvm_version=_tvm_version(), autofuse_version=autofuse.__version__, study=study.study_name)
         out.append({"plan_hash": h, "label": label, "correct": ok, "median_ms": statistics.median(s) if ok else None,
                     "p75_ms": p75, "spread_ms": (max(s) - min(s)) if ok else None, "repeats": len(s),
-                    "runs_ms": [round(x, 6) for x in timed[h].runs], "error": err})
+                    "runs_ms": [round(x, 6) for x in timed[h].run_medians], "error": err})
     db.close()
     out.sort(key=lambda r: (not r["correct"], r["p75_ms"] or 0.0))
     log.info("final re-measurement: %s", json.dumps(out))
@@ -546,7 +552,7 @@ def choice_of_shorter_job(cfg: JobConfig, complete: list[optuna.trial.FrozenTria
     score alone is not what it returns (NOTES 34).  Returns (plan JSON or None, details)."""
     chosen = final_candidates(complete, cfg.top_k)
     timed = time_final(cfg, chosen, final_seconds(job_wall_s)) if chosen else {}
-    ranked = sorted((runs_p75(t.runs), h) for h, t in timed.items() if t.error is None and t.runs)
+    ranked = sorted((runs_p75(t.run_medians), h) for h, t in timed.items() if t.error is None and t.runs)
     details = {"candidates": list(chosen), "p75_ms": {h: round(v, 6) for v, h in ranked},
                "rounds": max((len(t.runs) for t in timed.values()), default=0)}
     return (chosen[ranked[0][1]][0] if ranked else None), details
