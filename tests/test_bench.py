@@ -1,6 +1,7 @@
 """`autofuse bench` end to end on a tiny space with a few-second budget (timings not asserted)."""
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,7 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     compares the two bests after as many measured candidates as the shorter run built, charts
     both curves, and times random search's best plan in the same rounds as autofuse's."""
     from autofuse.bench import best_at
+    from autofuse.bench.run import PAIRED_TIMINGS
 
     out = tmp_path / "bench"
     r = cli("bench", "ew_chain", "--tiny", "--budget", "5s", "--rounds", "1", "--repeats", "1", "--min-repeat-ms", "1",
@@ -129,12 +131,16 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     assert cmp["guided_ms"] == best_at(guided, n) and cmp["random_ms"] == best_at(rand, n)
     assert cmp["random_over_guided"] == pytest.approx(cmp["random_ms"] / cmp["guided_ms"])
     assert cmp["same_budget_random_over_guided"] == pytest.approx(rand[-1][1] / guided[-1][1])
-    sbs = cmp["side_by_side"]  # the two bests at equal trials, timed in the same rounds as the columns
+    sbs = cmp["side_by_side"]  # the two bests at equal trials, timed in the columns' rounds and back to back
     assert sbs["random_over_guided"] > 0 and "error" not in sbs, sbs
     if sbs["guided_plan"] != sbs["random_plan"]:
-        assert sbs["random_over_guided"] == pytest.approx(sbs["random_ms"] / sbs["guided_ms"])
+        assert sbs["rounds_random_over_guided"] == pytest.approx(sbs["random_ms"] / sbs["guided_ms"])
         assert sbs["samples"] == space["columns"]["autofuse"]["samples"]
-    assert f"{sbs['random_over_guided']:.2f}x** side by side at {n} measured" in (out / "bench.md").read_text()
+        assert sbs["paired"]["pairs"] == PAIRED_TIMINGS
+        assert sbs["paired"]["q1"] <= sbs["random_over_guided"] <= sbs["paired"]["q3"]
+        assert f"{sbs['random_over_guided']:.2f}x** back to back at {n} measured" in (out / "bench.md").read_text()
+    else:
+        assert sbs["random_over_guided"] == 1.0 and "paired" not in sbs
     early = space["autofuse_early_best"]  # what a job of 30% of the budget would have returned, against the final one
     assert early["at_s"] == pytest.approx(1.5)
     if early["early_plan"] is None:  # a tiny 5 s budget may have no verified plan 1.5 s in
@@ -280,11 +286,47 @@ def test_the_plans_of_the_search_checks_are_checked_and_timed_in_the_columns_rou
     monkeypatch.setattr(bench_run, "build_columns", lambda *a, **k: ([final, numpy_col], pairs, {}))
     result = bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=2, repeats=3, include=())
     # the wrong plan is never timed; each round starts one further on
-    assert calls == ["autofuse", "numpy", "plan ee", "numpy", "plan ee", "autofuse"]
+    assert calls[:6] == ["autofuse", "numpy", "plan ee", "numpy", "plan ee", "autofuse"]
     assert set(result["columns"]) == {"autofuse", "numpy"}
     assert pairs[0].into["early_plan"] == "ee" and pairs[0].into["samples"] == 6
-    assert pairs[0].into["final_over_early"] == pytest.approx(final.column.median_ms / early.column.median_ms)
-    assert pairs[1].into["error"].startswith("plan oo: wrong result")
+    rounds_ratio = final.column.median_ms / early.column.median_ms
+    assert pairs[0].into["rounds_final_over_early"] == pytest.approx(rounds_ratio)
+    # then the early and final plans back to back, in alternating order; the wrong plan not at all
+    assert calls[6:] == ["plan ee", "autofuse", "autofuse", "plan ee"] * (bench_run.PAIRED_TIMINGS // 2)
+    # the timer returns 1 + its call's number: pair i is calls 7 + 2i and 8 + 2i, early first in even pairs
+    ratios = [(9 + 2 * i) / (8 + 2 * i) if i % 2 == 0 else (8 + 2 * i) / (9 + 2 * i)
+              for i in range(bench_run.PAIRED_TIMINGS)]
+    assert pairs[0].into["final_over_early"] == pytest.approx(statistics.median(ratios))
+    assert pairs[0].into["paired"]["pairs"] == bench_run.PAIRED_TIMINGS
+    assert pairs[1].into["error"].startswith("plan oo: wrong result") and "paired" not in pairs[1].into
+
+
+def test_plans_timed_back_to_back_compare_through_a_machine_whose_speed_flips():
+    """Two plans of the same speed on a machine that runs everything 2x slower in every other
+    stretch of calls: their medians over blocks of repeats (as in the rounds) can differ by
+    far more than the noise within a level; timed back to back, their ratio is 1."""
+    from autofuse.bench.columns import PlanPair
+
+    calls = [0]
+
+    def timer(repeats, _ms):
+        out = []
+        for _ in range(repeats):
+            calls[0] += 1
+            out.append(2.0 if (calls[0] // 7) % 2 else 1.0)  # the level flips every 7 calls
+        return out
+
+    a, b = _fake_runnable("plan aa", [], "aa"), _fake_runnable("plan bb", [], "bb")
+    for r in (a, b):
+        r.column.correct, r.timer = True, timer
+    a.column.samples_ms += timer(3, 1) + timer(3, 1)  # as two rounds would: a draws the fast level, b the slow
+    b.column.samples_ms += timer(3, 1) + timer(3, 1)
+    into: dict = {}
+    pair = PlanPair(("early", "final"), (a, b), into)
+    pair.time_paired(24, 1)
+    pair.finish()
+    assert into["rounds_final_over_early"] != pytest.approx(1.0)
+    assert into["final_over_early"] == 1.0 and into["paired"]["q1"] <= 1.0 <= into["paired"]["q3"]
 
 
 def test_the_early_cell_says_which_plan_the_3_minute_check_timed():
@@ -292,9 +334,12 @@ def test_the_early_cell_says_which_plan_the_3_minute_check_timed():
     made before it timed the best-scored plan at 3 minutes, and their cells say so."""
     from autofuse.bench.report import early_cell
 
-    row = {"at_s": 180.0, "early_plan": "aa", "final_plan": "bb", "final_over_early": 0.8, "early_final": {}}
+    row = {"at_s": 180.0, "early_plan": "aa", "final_plan": "bb", "final_over_early": 0.8, "early_final": {},
+           "paired": {"pairs": 24, "q1": 0.7, "q3": 0.9}}
     assert early_cell(row) == "80% of the final best at 180 s"
     assert early_cell({**row, "final_plan": "aa", "final_over_early": 1.0}) == \
         "100% of the final best at 180 s (the same plan)"
-    older = {k: v for k, v in row.items() if k != "early_final"}
+    rounds = {k: v for k, v in row.items() if k != "paired"}
+    assert early_cell(rounds) == "80% of the final best at 180 s (medians of the rounds)"
+    older = {k: v for k, v in rounds.items() if k != "early_final"}
     assert early_cell(older) == "80% of the final best at 180 s (best score then)"

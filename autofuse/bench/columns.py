@@ -140,8 +140,28 @@ class PlanPair:
     names: tuple[str, str]
     runs: tuple[_Runnable, _Runnable]  # the same object twice: one plan, ratio 1.0
     into: dict[str, Any]
+    ratios: list[float] = field(default_factory=list)  # b's time over a's, one per pair of timings
+
+    def time_paired(self, pairs: int, min_ms: float) -> None:
+        """Time the two plans right after each other ``pairs`` times (A B, then B A, ...), one
+        repeat each, and keep each pair's ratio.  The machine's speed for memory-bound
+        kernels here flips between two levels every second or so (ew_chain's default plan:
+        1.1 or 2.0 ms, in runs a few seconds apart; NOTES 35), and the columns' rounds time
+        each plan for a whole repeat block, several columns apart: a plan can draw the slow
+        level in most of its rounds.  Two timings taken back to back mostly share a level,
+        so their ratio does not carry it."""
+        a, b = self.runs
+        if a is b or not (a.column.correct and b.column.correct):
+            return
+        for i in range(pairs):
+            first, second = (a, b) if i % 2 == 0 else (b, a)
+            t = {id(first): statistics.median(first.timer(1, min_ms)),
+                 id(second): statistics.median(second.timer(1, min_ms))}
+            self.ratios.append(t[id(b)] / t[id(a)])
 
     def finish(self) -> None:
+        """The ratio is the median of the paired ratios (``time_paired``) where there are
+        some; ``rounds_<b>_over_<a>`` keeps the ratio of the two plans' medians in the rounds."""
         (ka, kb), (a, b) = self.names, self.runs
         out: dict[str, Any] = {f"{ka}_plan": a.plan_hash, f"{kb}_plan": b.plan_hash}
         bad = next((r for r in self.runs if not r.column.correct or not r.column.samples_ms), None)
@@ -153,6 +173,10 @@ class PlanPair:
             ms_a, ms_b = a.column.median_ms, b.column.median_ms
             out.update({f"{ka}_ms": ms_a, f"{kb}_ms": ms_b, f"{kb}_over_{ka}": ms_b / ms_a,
                         "samples": len(a.column.samples_ms)})
+            if self.ratios:
+                q1, _, q3 = statistics.quantiles(self.ratios, n=4) if len(self.ratios) > 1 else self.ratios * 3
+                out.update({f"rounds_{kb}_over_{ka}": ms_b / ms_a, f"{kb}_over_{ka}": statistics.median(self.ratios),
+                            "paired": {"pairs": len(self.ratios), "q1": q1, "q3": q3}})
         self.into.update(out)
 
 

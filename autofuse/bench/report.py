@@ -29,7 +29,8 @@ def random_cell(cmp: dict[str, Any] | None) -> str:
     if not cmp or not cmp.get("random_over_guided"):
         return ""
     sbs = (cmp.get("side_by_side") or {}).get("random_over_guided")
-    return ((f"**{sbs:.2f}x** side by side at {cmp['equal_trials']} measured; scores: " if sbs else "scores: ")
+    how = "back to back" if "paired" in (cmp.get("side_by_side") or {}) else "side by side in the rounds"
+    return ((f"**{sbs:.2f}x** {how} at {cmp['equal_trials']} measured; scores: " if sbs else "scores: ")
             + f"{cmp['random_over_guided']:.2f}x at {cmp['equal_trials']} measured, "
             f"{cmp['same_budget_random_over_guided']:.2f}x at the budget "
             f"({cmp['random_trials']} vs {cmp['guided_trials']} measured)")
@@ -38,7 +39,8 @@ def random_cell(cmp: dict[str, Any] | None) -> str:
 def early_cell(early: dict[str, Any] | None) -> str:
     """How close what a job of 30% of the budget returns came to the final plan, timed side
     by side.  Reports of earlier versions took the best-scored plan at that point instead
-    (no ``early_final`` in their JSON); their cells say so."""
+    (no ``early_final`` in their JSON), or compared the two plans' medians in the rounds
+    rather than back to back (no ``paired``); their cells say so."""
     if not early:
         return ""
     if not early.get("early_plan"):
@@ -46,7 +48,8 @@ def early_cell(early: dict[str, Any] | None) -> str:
     if not early.get("final_over_early"):
         return early.get("error", "")
     same = " (the same plan)" if early["early_plan"] == early["final_plan"] else ""
-    how = "" if "early_final" in early else " (best score then)"
+    how = ("" if "paired" in early or same else " (medians of the rounds)") if "early_final" in early \
+        else " (best score then)"
     return f"{100 * early['final_over_early']:.0f}% of the final best at {early['at_s']:.0f} s{same}{how}"
 
 
@@ -105,13 +108,14 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
               "returned (the job's final re-measurement, for a tenth of that time, over the plans found by "
-              "then) timed in the same rounds as the final best and the columns, final time over early time "
-              "(>= 95%: the target is met)."]
+              "then) against the final best: the median, over 24 pairs of timings back to back, of final time "
+              "over early time (>= 95%: the target is met). Back to back, because the machine's speed flips "
+              "between two levels every second or so and a plan's median in the rounds can draw the slow one."]
     if vs_random:
         lines += ["", "Random search at equal trials: random sampling of the same space from the same reference "
                   "and seed plans, tuned for the same budget after autofuse. In bold, the two plans each search "
                   "had as its best after as many measured candidates as the shorter of the two runs built, timed "
-                  "side by side in the columns' rounds (random over guided, >1: the guided search is ahead). Then the same ratio from "
+                  "back to back like the 3-minute check (random over guided, >1: the guided search is ahead). Then the same ratio from "
                   "each job's own scores, and by scores at the end of the budget, with each run's measured "
                   "candidates. Each job's scores are on its own scale (anchored in its first minutes), so only "
                   "the side-by-side ratio compares the searches; the random-search column times random search's "

@@ -23,6 +23,8 @@ from autofuse.measure import compare
 from autofuse.target import Target, num_threads
 from autofuse.workload import get_workload
 
+PAIRED_TIMINGS = 24  # back-to-back timings of each search check's two plans (``PlanPair.time_paired``)
+
 
 def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False, rounds: int = 5,
                 repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0, peaks: dict[str, float] | None = None,
@@ -56,7 +58,10 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
         for r in runnables[start:] + runnables[:start]:
             if r.column.correct:
                 r.column.samples_ms.extend(r.timer(repeats, min_repeat_ms))
+    if pairs:
+        progress(f"{name}: timing the search checks' plans back to back, {PAIRED_TIMINGS} pairs each")
     for p in pairs:
+        p.time_paired(PAIRED_TIMINGS, min_repeat_ms)
         p.finish()
     work = work_of(w)
     result: dict[str, Any] = {"space": name, "tiny": tiny, "workload": w.hash, "budget_s": budget_s,
