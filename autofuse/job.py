@@ -477,6 +477,11 @@ class FinalTiming:
     def run_medians(self) -> list[float]:
         return [statistics.median(run) for run in self.runs]
 
+    @property
+    def p75(self) -> float | None:
+        """What the final ranks plans by (:func:`runs_p75`); None for a failed or untimed plan."""
+        return runs_p75(self.run_medians) if self.error is None and self.runs else None
+
 
 def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: float,
                stop: _StopFlag | None = None) -> dict[str, FinalTiming]:
@@ -528,7 +533,7 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
         if not s and not err:
             continue  # the job was stopped before this plan was timed: nothing to store
         ok = err is None
-        p75 = runs_p75(timed[h].run_medians) if ok else None
+        p75 = timed[h].p75
         plan_id = db.put_plan(w.hash, target.spec, host, h, plan_json, label)
         db.add_measurement(plan_id, median_ms=statistics.median(s) if ok else None, min_ms=min(s) if ok else None,
                            max_ms=max(s) if ok else None, std_ms=statistics.pstdev(s) if ok else None, p75_ms=p75,
@@ -552,7 +557,7 @@ def choice_of_shorter_job(cfg: JobConfig, complete: list[optuna.trial.FrozenTria
     score alone is not what it returns (NOTES 34).  Returns (plan JSON or None, details)."""
     chosen = final_candidates(complete, cfg.top_k)
     timed = time_final(cfg, chosen, final_seconds(job_wall_s)) if chosen else {}
-    ranked = sorted((runs_p75(t.run_medians), h) for h, t in timed.items() if t.error is None and t.runs)
+    ranked = sorted((t.p75, h) for h, t in timed.items() if t.p75 is not None)
     details = {"candidates": list(chosen), "p75_ms": {h: round(v, 6) for v, h in ranked},
                "rounds": max((len(t.runs) for t in timed.values()), default=0)}
     return (chosen[ranked[0][1]][0] if ranked else None), details
