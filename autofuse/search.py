@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -192,7 +193,12 @@ class PlanSpace:
             plans += [w.partition_plan(part, True, f"{label}:{name}", [seed_schedule(n, name) for n in nests])
                       for name in SEED_TEMPLATES]
             if g.uses_transcendentals:  # libm's exp/tanh/erf are scalar calls: the approximations vectorize
+                # with the templates too, on the default partition: a plan with both otherwise waits
+                # for a mutation to flip the flag (mlp_gelu: 66 s in one run, 420 s in the next;
+                # the flip alone was worth 20%, NOTES 35)
+                with_templates = plans[1:] if label == "seed" else []
                 plans.append(w.partition_plan(part, True, f"{label}:fast_math", fast_math=True))
+                plans += [replace(p, label=f"{p.label}:fast_math", fast_math=True) for p in with_templates]
             for plan in plans:
                 try:
                     seeds.append((self.params_of(plan), plan.label))
