@@ -20,6 +20,7 @@ from autofuse.bench.curves import StudyHistory, search_vs_random
 from autofuse.db import PlanDB
 from autofuse.measure import Session, TimingConfig
 from autofuse.plan import Plan
+from autofuse.runner import interleaved
 from autofuse.target import Target, num_threads
 from autofuse.workload import Workload
 
@@ -153,11 +154,10 @@ class PlanPair:
         a, b = self.runs
         if a is b or not (a.column.correct and b.column.correct):
             return
-        for i in range(pairs):
-            first, second = (a, b) if i % 2 == 0 else (b, a)
-            t = {id(first): statistics.median(first.timer(1, min_ms)),
-                 id(second): statistics.median(second.timer(1, min_ms))}
-            self.ratios.append(t[id(b)] / t[id(a)])
+        ms: tuple[list[float], list[float]] = ([], [])
+        for i in interleaved(2, pairs):  # each round is one pair: A B, then B A, ...
+            ms[i].append(statistics.median(self.runs[i].timer(1, min_ms)))
+        self.ratios.extend(tb / ta for ta, tb in zip(*ms))
 
     def finish(self) -> None:
         """The ratio is the median of the paired ratios (``time_paired``) where there are
