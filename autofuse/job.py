@@ -33,7 +33,7 @@ from autofuse.cost_model import mark_prescreened, prescreen
 from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner, interleaved, value_of
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
-from autofuse.target import Target, host_fingerprint, parse_target
+from autofuse.target import Target, host_fingerprint, parse_target, vector_unit
 from autofuse.workload import REFERENCE_PLANS, get_workload
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -321,7 +321,7 @@ def prepare_study(cfg: JobConfig) -> optuna.Study:
         if cfg.warm_start:
             with PlanDB(cfg.db_url) as db:
                 stored = stored_best_plan(db, w.hash, target, host_fingerprint())
-        for params, label in space.seed_trials(stored):
+        for params, label in space.seed_trials(stored, vector_unit(target)):
             study.enqueue_trial(params, user_attrs={"label": label})
     else:
         fail_orphaned_trials(study, storage, grace_s=2 * cfg.heartbeat_s)

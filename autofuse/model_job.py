@@ -48,7 +48,7 @@ from autofuse.cost_model import mark_prescreened, prescreen
 from autofuse.runner import OK, CandidateLog, IsolatedRunner, value_of
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
-from autofuse.target import Target, host_fingerprint, parse_target
+from autofuse.target import Target, host_fingerprint, parse_target, vector_unit
 from autofuse.workload import Workload, get_workload
 
 log = logging.getLogger("autofuse.model_job")
@@ -295,7 +295,7 @@ def _region_state(cfg: ModelTuneConfig, storage: optuna.storages.BaseStorage, db
     if not trials:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a stored plan outside today's space is skipped
-            for params, label in st.space.seed_trials(st.best_plan):
+            for params, label in st.space.seed_trials(st.best_plan, vector_unit(target)):
                 study.enqueue_trial(params, user_attrs={"label": label})
     st.queued = _waiting(study)
     return st

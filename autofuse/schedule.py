@@ -47,6 +47,7 @@ the reason; no TVM exception escapes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -154,18 +155,29 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
     return knobs
 
 
-SEED_TEMPLATES = ("inline", "wide", "packed", "wide-packed", "channels-vector")
+SEED_TEMPLATES = ("registers", "inline", "wide", "packed", "wide-packed", "channels-vector")
 
 
-def seed_schedule(nest: LoopNest, template: str) -> dict[str, Any]:
+def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None = None) -> dict[str, Any]:
     """Knob overrides of the default schedule that often beat it, measured first by a new
     study: ``inline`` computes producers in their readers; ``wide`` doubles the register
     tile's columns (16 -> 32 accumulators per row); ``packed`` repacks a GEMM's constant
     weight (``pack_weight``; dropped where the group has none); ``wide-packed`` both;
     ``channels-vector`` makes a convolution's output channels its vector axis
-    (``vector_axis``), 16 at a time, with its weight packed to match."""
-    if template == "inline":
-        return {"inline_producers": True}
+    (``vector_axis``), 16 at a time, with its weight packed to match; ``registers`` is the
+    default schedule alone.  The tiles are sized for AVX-512; with ``accumulator_floats``
+    (``target.VectorUnit``) each register tile is shrunk to fit the target's registers,
+    so ``registers`` differs from the default schedule only where that one does not fit
+    (AVX2: its 8 x 16 GEMM tile is 16 of the 16 ymm registers, and spills)."""
+    overrides = _template(nest, template)
+    if accumulator_floats is None or (template != "registers" and not overrides):
+        return overrides
+    return fit_register_tile(nest, overrides, accumulator_floats)
+
+
+def _template(nest: LoopNest, template: str) -> dict[str, Any]:
+    if template in ("inline", "registers"):
+        return {"inline_producers": True} if template == "inline" else {}
     if template == "wide":
         n = len(nest.spatial)
         if n and nest.has_reduction and nest.spatial[-1] % 32 == 0:
@@ -174,13 +186,34 @@ def seed_schedule(nest: LoopNest, template: str) -> dict[str, Any]:
     if template == "packed":
         return {"pack_weight": True}
     if template == "wide-packed":
-        wide = seed_schedule(nest, "wide")
+        wide = _template(nest, "wide")
         return {**wide, "pack_weight": True} if wide else {}
     if template == "channels-vector":
         if _sums_input_channels(nest) and nest.spatial[1] % 8 == 0:
             return {"vector_axis": 1, "t1": _largest_divisor(nest.spatial[1], 16), "pack_weight": True}
         return {}
     raise ValueError(f"unknown seed template {template!r}")
+
+
+def fit_register_tile(nest: LoopNest, overrides: dict[str, Any], accumulator_floats: int) -> dict[str, Any]:
+    """``overrides`` with the register tile (the inner spatial tiles of a reduction) cut to at
+    most ``accumulator_floats`` floats: the widest tile other than the vector axis shrinks to
+    a smaller divisor of its loop, until the tile fits or only the vector axis is left.  A
+    tile that spills its accumulators to the stack on every step runs 3-10x slower (NOTES 36)."""
+    if not nest.has_reduction:
+        return overrides
+    knobs = {**default_knobs(nest), **overrides}
+    tiles = {i: min(knobs[f"t{i}"], ext) for i, ext in enumerate(nest.spatial)}
+    out = dict(overrides)
+    while (acc := math.prod(tiles.values())) > accumulator_floats:
+        rows = [i for i, t in tiles.items() if t > 1 and i != knobs["vector_axis"]]
+        if not rows:
+            break
+        i = max(rows, key=lambda a: tiles[a])
+        cap = max(1, tiles[i] * accumulator_floats // acc)
+        tiles[i] = _largest_divisor(nest.spatial[i], min(cap, tiles[i] - 1))
+        out[f"t{i}"] = tiles[i]
+    return out
 
 
 def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, producers: bool = True,

@@ -22,6 +22,7 @@ from autofuse.graph import Graph, default_partition
 from autofuse.partition import Decision, choices_for, decisions, epilogues_apart, most_fused, partition_from_choices
 from autofuse.plan import Plan, PlanError
 from autofuse.schedule import SEED_TEMPLATES, LoopNest, knob_space, resolve_knobs, seed_schedule
+from autofuse.target import VectorUnit
 from autofuse.workload import REFERENCE_PLANS, Workload
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp")
@@ -169,14 +170,17 @@ class PlanSpace:
         except PlanError:
             return None
 
-    def seed_trials(self, stored_best: Plan | None = None) -> list[tuple[dict[str, Any], str]]:
+    def seed_trials(self, stored_best: Plan | None = None,
+                    vectors: VectorUnit | None = None) -> list[tuple[dict[str, Any], str]]:
         """(params, label) of the plans a new study measures right after its baselines: the
         best plan already stored for this workload and target (a warm start); the default
         partition under schedule templates that often win (see ``seed_schedule``); and the
         most-fused partition (``partition.most_fused``) and the default partition with its
         epilogues apart (``partition.epilogues_apart``), where they differ from the default,
-        with default schedules and the same templates."""
+        with default schedules and the same templates.  ``vectors``: the target's vector unit,
+        which the templates' register tiles are sized to fit."""
         w = self.workload
+        budget = vectors.accumulator_floats if vectors else None
         seeds: list[tuple[dict[str, Any], str]] = []
         if stored_best is not None:
             try:
@@ -190,7 +194,7 @@ class PlanSpace:
                             (epilogues_apart(dag, default), "seed:epilogue-apart")):
             nests = [group_anchor(g, grp)[1] for grp in part]
             plans = [w.partition_plan(part, True, label)]  # on the default partition: the default plan, dropped below
-            plans += [w.partition_plan(part, True, f"{label}:{name}", [seed_schedule(n, name) for n in nests])
+            plans += [w.partition_plan(part, True, f"{label}:{name}", [seed_schedule(n, name, budget) for n in nests])
                       for name in SEED_TEMPLATES]
             if g.uses_transcendentals:  # libm's exp/tanh/erf are scalar calls: the approximations vectorize
                 # with the templates too, on the default partition: a plan with both otherwise waits

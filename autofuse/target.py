@@ -43,6 +43,41 @@ class Target:
         return self.spec_json
 
 
+@dataclass(frozen=True)
+class VectorUnit:
+    """A CPU's float32 SIMD width and register count: what a register tile must fit in."""
+
+    lanes: int
+    registers: int
+
+    @property
+    def accumulator_floats(self) -> int:
+        """Floats a register tile may keep: half the register file (the other half holds the
+        inputs each step loads and broadcasts)."""
+        return self.lanes * self.registers // 2
+
+
+def vector_unit(target: Target) -> VectorUnit | None:
+    """The vector unit LLVM compiles for on a CPU target (AVX-512: 32 registers of 16 floats;
+    AVX2: 16 of 8; NEON: 32 of 4); None for a GPU or a CPU whose features LLVM cannot tell."""
+    if target.kind != "llvm":
+        return None
+    try:
+        t = target.tvm()
+        has = lambda feature: bool(tvm.target.codegen.target_has_features(feature, t))  # noqa: E731
+        if has("avx512f"):
+            return VectorUnit(16, 32)
+        if has("avx2") or has("avx"):
+            return VectorUnit(8, 16)
+        if has("neon"):
+            return VectorUnit(4, 32)
+        if has("sse2"):
+            return VectorUnit(4, 16)
+    except Exception:  # an mtriple this LLVM was not built for
+        return None
+    return None
+
+
 @cache
 def host_mcpu() -> str:
     """The host CPU name LLVM sees (e.g. znver4)."""

@@ -10,7 +10,7 @@ from autofuse.measure import QUICK
 from autofuse.partition import decisions, partition_from_choices
 from autofuse.plan import PlanError
 from autofuse.runner import OK, evaluate_plan
-from autofuse.schedule import ScheduleRejected, knob_space
+from autofuse.schedule import LoopNest, ScheduleRejected, knob_space
 from autofuse.space import space_names
 from autofuse.target import parse_target
 from autofuse.workload import get_workload
@@ -331,3 +331,73 @@ def test_vector_axis_needs_whole_sums_in_a_tile():
         evaluate_plan(w, plan, LLVM, QUICK)
     with pytest.raises(PlanError, match="vector_axis=4 is out of range"):
         resolve_knobs(LoopNest((1, 8, 8, 8), (8, 3, 3)), {"vector_axis": 4})
+
+
+def test_vector_unit_is_read_from_the_targets_cpu_features():
+    from autofuse.target import VectorUnit, vector_unit
+
+    assert vector_unit(parse_target({"kind": "llvm", "mcpu": "znver3"})) == VectorUnit(8, 16)  # AVX2
+    assert vector_unit(parse_target({"kind": "llvm", "mcpu": "skylake-avx512"})) == VectorUnit(16, 32)
+    assert vector_unit(parse_target("cuda")) is None
+    assert VectorUnit(8, 16).accumulator_floats == 64 and VectorUnit(16, 32).accumulator_floats == 256
+
+
+GEMM = LoopNest((256, 1024), (1024,))
+CONV = LoopNest((1, 64, 56, 56), (64, 3, 3))
+
+
+@pytest.mark.parametrize("nest", [GEMM, CONV, LoopNest((1, 24, 28, 28), (48, 1, 1)), LoopNest((2, 16, 30), (7,))],
+                         ids=["gemm", "conv", "conv1x1", "odd"])
+@pytest.mark.parametrize("floats", [32, 64, 128, 256])
+def test_seed_register_tiles_fit_the_accumulator_budget(nest, floats):
+    """Every template that applies here (``registers`` always does) has a register tile (the
+    product of the inner spatial tiles) within the target's budget, except where only the
+    vector axis is left to cut; the vector axis's tile is never cut."""
+    import math
+
+    from autofuse.schedule import SEED_TEMPLATES, resolve_knobs, seed_schedule
+
+    for template in SEED_TEMPLATES:
+        if template != "registers" and not seed_schedule(nest, template):
+            assert seed_schedule(nest, template, floats) == {}  # not applicable stays not applicable
+            continue
+        knobs = resolve_knobs(nest, seed_schedule(nest, template, floats))
+        tiles = [min(knobs[f"t{i}"], ext) for i, ext in enumerate(nest.spatial)]
+        others = [t for i, t in enumerate(tiles) if i != knobs["vector_axis"]]
+        assert math.prod(tiles) <= floats or all(t == 1 for t in others), (template, tiles)
+        unfitted = resolve_knobs(nest, seed_schedule(nest, template))
+        assert knobs[f"t{knobs['vector_axis']}"] == unfitted[f"t{unfitted['vector_axis']}"]
+        if math.prod(min(unfitted[f"t{i}"], e) for i, e in enumerate(nest.spatial)) <= floats:
+            assert knobs == unfitted, template  # a tile that fits is left alone
+    assert seed_schedule(nest, "registers") == {}
+
+
+def test_register_tiles_on_avx2_and_avx512():
+    """AVX2's 16 ymm registers hold 64 accumulator floats: a GEMM's 8 x 16 tile becomes 4 x 16,
+    the wide 8 x 32 one 2 x 32, a convolution's 16-channel vector tile keeps 4 columns; with
+    AVX-512's 256 floats every template is the one tuned on it (measured, NOTES 36)."""
+    from autofuse.schedule import seed_schedule
+
+    assert seed_schedule(GEMM, "registers", 64) == {"t0": 4}
+    assert seed_schedule(GEMM, "wide-packed", 64) == {"t1": 32, "pack_weight": True, "t0": 2}
+    assert seed_schedule(CONV, "channels-vector", 64) == {"vector_axis": 1, "t1": 16, "pack_weight": True, "t3": 4}
+    assert seed_schedule(CONV, "registers", 64) == {"t1": 4}
+    for template in ("registers", "wide-packed", "channels-vector", "inline"):
+        for nest in (GEMM, CONV):
+            assert seed_schedule(nest, template, 256) == seed_schedule(nest, template)
+
+
+@pytest.mark.parametrize("space", ["gemm_bn", "conv_bn_relu"])
+def test_seeds_fitted_to_a_small_register_file_build_and_compute_the_reference(space):
+    """SSE's 16 registers of 4 floats (32 accumulator floats): even the tiny shapes' tiles are cut."""
+    from autofuse.search import PlanSpace
+    from autofuse.target import VectorUnit
+
+    w = get_workload(space, tiny=True)
+    ps = PlanSpace(w)
+    sse = dict((label, params) for params, label in ps.seed_trials(None, VectorUnit(4, 16)))
+    assert "seed:registers" in sse and sse != dict((label, p) for p, label in ps.seed_trials(None))
+    for label in ("seed:registers", "seed:packed"):
+        plan = ps.suggest(__import__("optuna").trial.FixedTrial(sse[label]))[0]
+        res = evaluate_plan(w, plan, LLVM, QUICK)
+        assert res["status"] == OK and res["correct"], (label, res)
