@@ -48,8 +48,12 @@ def early_cell(early: dict[str, Any] | None) -> str:
     if not early.get("final_over_early"):
         return early.get("error", "")
     same = " (the same plan)" if early["early_plan"] == early["final_plan"] else ""
-    how = ("" if "paired" in early or same else " (medians of the rounds)") if "early_final" in early \
-        else " (best score then)"
+    if "early_final" not in early:
+        how = " (best score then)"
+    elif "paired" in early or same:
+        how = ""
+    else:
+        how = " (medians of the rounds)"
     return f"{100 * early['final_over_early']:.0f}% of the final best at {early['at_s']:.0f} s{same}{how}"
 
 
