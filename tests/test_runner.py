@@ -446,3 +446,38 @@ def test_interleaved_rounds_alternate_and_go_on_in_whole_rounds_until_a_time():
     order = list(interleaved(2, 2, until=3, clock=lambda: next(ticks)))
     assert order == [0, 1, 1, 0, 0, 1, 1, 0, 0, 1]  # rounds 3-5 ran while the clock read 0, 1, 2
     assert list(interleaved(2, 2, until=0, clock=lambda: 5.0)) == [0, 1, 1, 0]  # never fewer than asked
+
+
+def test_the_trajectory_script_lists_each_new_best_and_what_it_changed(tmp_path):
+    """benchmarks/study_trajectory.py, the read NOTES 35 and 36 quote."""
+    import datetime
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="s", storage=url)
+    dist = {"t0": optuna.distributions.CategoricalDistribution([4, 8]),
+            "fast_math": optuna.distributions.CategoricalDistribution([False, True])}
+    start = datetime.datetime(2026, 12, 3, 12, 0, 0)
+    rows = [(0, 2.0, {"t0": 8, "fast_math": False}, "default"),
+            (5, 1.5, {"t0": 4, "fast_math": False}, "seed:registers"),
+            (9, 1.7, {"t0": 8, "fast_math": True}, None),  # not a new best: not listed
+            (30, 1.2, {"t0": 4, "fast_math": True}, None)]
+    for at, value, params, label in rows:
+        study.add_trial(optuna.trial.create_trial(
+            value=value, params=params, distributions=dist, user_attrs={"label": label} if label else {}))
+    import sqlalchemy  # the times a job's trials would have: set in the storage's own table
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as conn:
+        for number, (at, *_rest) in enumerate(rows):
+            when = start + datetime.timedelta(seconds=at)
+            conn.execute(sqlalchemy.text("UPDATE trials SET datetime_start=:s, datetime_complete=:c WHERE number=:n"),
+                         {"s": start if number == 0 else when, "c": when, "n": number})
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "study_trajectory.py"
+    out = subprocess.run([sys.executable, str(script), url, "s"], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].split() == ["0", "s", "trial", "0", "default", "2.0000"]
+    assert lines[1].endswith("1.5000  t0: 8 -> 4") and "seed:registers" in lines[1]
+    assert lines[2].startswith("    30 s") and lines[2].endswith("1.2000  fast_math: False -> True")
