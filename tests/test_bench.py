@@ -238,6 +238,15 @@ def test_the_tvm_sgemm_peak_computes_the_product():
     assert _tvm_sgemm_flops(64, 0.0) > 0
 
 
+def test_the_peak_sgemms_register_tile_fits_the_vector_registers():
+    from autofuse.bench.roofline import sgemm_register_tile
+    from autofuse.target import VectorUnit
+
+    assert sgemm_register_tile(VectorUnit(16, 32)) == (8, 32)  # AVX-512: as tuned on Zen 4/5
+    assert sgemm_register_tile(VectorUnit(8, 16)) == (4, 16)  # AVX2: 8 of its 16 registers
+    assert sgemm_register_tile(None) == (8, 32)
+
+
 def test_a_peak_is_the_fastest_run_over_its_whole_timing_window():
     """The machine's speed flips every second or so: a peak timed for a moment can be its slow
     level, so the peak kernels are run again until their window ends, keeping the fastest."""

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from autofuse.bench.columns import time_python
-from autofuse.target import num_threads
+from autofuse.target import VectorUnit, num_threads
 from autofuse.workload import Workload
 
 
@@ -121,14 +121,28 @@ def _tvm_copy_bandwidth(n: int, threads: int, seconds: float) -> float:
     return 2 * n * 4 / best_run_s(lambda: list(timer(ta, tb).results), seconds)
 
 
-def _tvm_sgemm_flops(n: int, seconds: float, rows: int = 8, cols: int = 32) -> float:
+def sgemm_register_tile(vectors: VectorUnit | None) -> tuple[int, int]:
+    """(rows, columns) of the peak SGEMM's register tile: two vectors wide, as many rows as
+    half the register file holds (AVX-512: 8 x 32; AVX2: 4 x 16, whose 8 x 32 tile spills
+    and ran 2x slower, NOTES 36)."""
+    if vectors is None:
+        return 8, 32
+    cols = 2 * vectors.lanes
+    return max(1, vectors.accumulator_floats // cols), cols
+
+
+def _tvm_sgemm_flops(n: int, seconds: float) -> float:
     """FLOP/s of an n^3 SGEMM compiled by TVM for this CPU: B pre-packed in column strips
-    (as ``pack_weight`` lays out a weight), an 8 x 32 register tile, strips in parallel; its
-    fastest run in ``seconds``.  0 if its result is wrong (then it is no peak at all)."""
+    (as ``pack_weight`` lays out a weight), a register tile sized to the CPU's vector
+    registers, strips in parallel; its fastest run in ``seconds``.  0 if its result is
+    wrong (then it is no peak at all)."""
     import tvm
     from tvm import s_tir, te
 
-    from autofuse.target import parse_target
+    from autofuse.target import parse_target, vector_unit
+
+    target = parse_target("llvm")
+    rows, cols = sgemm_register_tile(vector_unit(target))
 
     a = te.placeholder((n, n), "float32", name="A")
     b = te.placeholder((n // cols, n, cols), "float32", name="B")
@@ -142,7 +156,7 @@ def _tvm_sgemm_flops(n: int, seconds: float, rows: int = 8, cols: int = 32) -> f
     sch.parallel(jo)
     sch.vectorize(ji)
     sch.decompose_reduction(sch.get_sblock("C"), kk)
-    rt = tvm.compile(sch.mod, parse_target("llvm").tvm()).jit()
+    rt = tvm.compile(sch.mod, target.tvm()).jit()
     rng = np.random.default_rng(0)
     a_np, b_np = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     packed = np.ascontiguousarray(b_np.reshape(n, n // cols, cols).transpose(1, 0, 2))
