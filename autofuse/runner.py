@@ -375,6 +375,7 @@ LIMIT_AFTER = 5  # accepted candidates before the time limit adapts
 LIMIT_FACTOR = 5.0  # time limit: this many times the 90th percentile of accepted candidates' seconds ...
 LIMIT_FLOOR_S = 5.0  # ... but never less than this
 CUTOFF_FACTOR = 5.0  # timing stops after one run for a candidate this many times slower than the best
+RECENT_TIMINGS = 5  # side-by-side medians of the best whose median sets the comparison gate
 CONFIRM_ROUNDS = 3  # interleaved rounds that decide whether a candidate timed below the best is faster:
 CONFIRM_MARGIN = 0.02  # in every round, and by more than this share overall; else a tie, which keeps the incumbent
 DISTURBED_FACTOR = 1.25  # a comparison where the incumbent runs this much above its last side-by-side time is disturbed
@@ -409,6 +410,7 @@ class CandidateLog:
     best_plan: str | None = None  # the best plan's JSON, to time new candidates against
     best_compared: bool = False  # the best's value comes from timing it side by side (not one lone timing)
     best_recent_ms: float | None = None  # the best's median in its latest side-by-side timing
+    best_timings: list[float] = field(default_factory=list)  # its last RECENT_TIMINGS side-by-side medians
 
     @classmethod
     def from_trials(cls, trials: list[Any]) -> CandidateLog:
@@ -460,8 +462,10 @@ class CandidateLog:
                 self.best_ms, self.best_hash, self.best_plan = value_of(res), plan_hash, plan_json
                 self.best_compared = "candidate_ms" in timed
                 self.best_recent_ms = timed.get("candidate_ms")
+                self.best_timings = [timed["candidate_ms"]] if "candidate_ms" in timed else []
             elif timed.get("vs") == self.best_hash and "incumbent_ms" in timed:
                 self.best_recent_ms = timed["incumbent_ms"]
+                self.best_timings = (self.best_timings + [timed["incumbent_ms"]])[-RECENT_TIMINGS:]
 
     def time_limit_s(self, cap_s: float) -> float:
         if len(self.seconds) < LIMIT_AFTER:
@@ -479,14 +483,19 @@ class CandidateLog:
         return self.best_recent_ms if self.best_recent_ms is not None else self.best_ms
 
     def compare_below_ms(self) -> float | None:
-        """A candidate timed alone below this is timed against the best.  Its score or its
-        timed median, whichever is higher: a score is the product of the side-by-side ratios
-        that made it the best, and can fall below what any plan runs at alone, after which
-        no candidate would be compared again (a mobilenet_block job's first comparison
-        scored the default plan 0.156 ms while it ran 0.25 ms, and the job made no other
-        comparison in its 10 minutes, NOTES 32)."""
+        """A candidate timed alone below this is timed against the best.  The highest of its
+        score, its latest side-by-side median and the median of its last few: a score is the
+        product of the side-by-side ratios that made it the best, and can fall below what
+        any plan runs at alone, after which no candidate would be compared again (a
+        mobilenet_block job's first comparison scored the default plan 0.156 ms while it ran
+        0.25 ms, and the job made no other comparison in its 10 minutes, NOTES 32); and one
+        lucky latest timing did the same (a conv_bn_relu job's best ran 1.49-1.53 ms side by
+        side, then 1.43 once, and none of the 511 candidates of its last 8 minutes timed
+        alone below that, NOTES 36)."""
         timed = self.best_timed_ms()  # None only while there is no best
-        return None if self.best_ms is None or timed is None else max(self.best_ms, timed)
+        if self.best_ms is None or timed is None:
+            return None
+        return max(self.best_ms, timed, statistics.median(self.best_timings) if self.best_timings else timed)
 
     def run(self, runner: IsolatedRunner, task: dict[str, Any], plan_hash: str, cap_s: float) -> dict[str, Any]:
         """The plan's result: the earlier one if it was measured before, else built and

@@ -6,7 +6,7 @@ import sqlite3
 import optuna
 import pytest
 
-from autofuse.runner import (CONFIRM_ROUNDS, DISTURBED_FACTOR, OK, TIMEOUT, CandidateLog, IsolatedRunner, run_task,
+from autofuse.runner import (CONFIRM_ROUNDS, DISTURBED_FACTOR, OK, RECENT_TIMINGS, TIMEOUT, CandidateLog, IsolatedRunner, run_task,
                              value_of)
 from autofuse.target import parse_target
 from autofuse.workload import get_workload
@@ -209,6 +209,33 @@ def test_a_candidate_is_compared_when_timed_below_the_best_plans_timed_median_ev
     assert log.best_hash == "c" and log.compare_below_ms() == 0.21
     d = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)
     assert "confirm" not in d and len(runner.calls) == 6 and log.best_hash == "c"
+
+
+def test_one_lucky_timing_of_the_best_does_not_stop_the_comparisons():
+    """A conv_bn_relu job's best ran 1.527 ms when it won and 1.49-1.53 ms as the incumbent,
+    then 1.429 once; gated by that latest time, none of the 511 candidates of the job's last
+    8 minutes was compared (NOTES 36).  The gate is the median of the best's last few
+    side-by-side medians when that is higher."""
+    runner = FakeRunner([{"status": OK, "median_ms": 1.3},
+                         {"status": OK, "median_ms": 1.1}, _cmp(1.5266, 1.5784),  # b wins, scored 1.257
+                         *[x for inc in (1.4925, 1.5039, 1.5285, 1.4289)  # four ties
+                           for x in ({"status": OK, "median_ms": 1.45}, _cmp(1.50, inc))],
+                         {"status": OK, "median_ms": 1.45}, _cmp(1.40, 1.55)])  # 1.45 alone: compared, and wins
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
+    log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
+    for h in "cdef":
+        assert not log.run(runner, _task(plan=f'{{"p":"{h}"}}'), h, 20.0)["confirm"]["faster"]
+    assert log.best_hash == "b" and log.best_recent_ms == 1.4289 and log.best_ms == pytest.approx(1.3 * 1.5266 / 1.5784)
+    assert log.best_timings == [1.5266, 1.4925, 1.5039, 1.5285, 1.4289][-RECENT_TIMINGS:]
+    assert log.compare_below_ms() == pytest.approx(1.5039)
+    g = log.run(runner, _task(plan='{"p":"g"}'), "g", 20.0)
+    assert g["confirm"]["faster"] and log.best_hash == "g" and log.best_timings == [1.40]
+    rebuilt = CandidateLog()
+    for h, res in log.results.items():  # a resumed job gates the same way: rebuilt from its records
+        if h != "g":
+            rebuilt.record(h, res, 1.0)
+    assert rebuilt.compare_below_ms() == pytest.approx(1.5039)
 
 
 def _log_of_trials(rows):
