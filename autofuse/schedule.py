@@ -176,8 +176,10 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
 
 
 def _template(nest: LoopNest, template: str) -> dict[str, Any]:
-    if template in ("inline", "registers"):
-        return {"inline_producers": True} if template == "inline" else {}
+    if template == "registers":
+        return {}
+    if template == "inline":
+        return {"inline_producers": True}
     if template == "wide":
         n = len(nest.spatial)
         if n and nest.has_reduction and nest.spatial[-1] % 32 == 0:
@@ -199,7 +201,7 @@ def fit_register_tile(nest: LoopNest, overrides: dict[str, Any], accumulator_flo
     """``overrides`` with the register tile (the inner spatial tiles of a reduction) cut to at
     most ``accumulator_floats`` floats: the widest tile other than the vector axis shrinks to
     a smaller divisor of its loop, until the tile fits or only the vector axis is left.  A
-    tile that spills its accumulators to the stack on every step runs 3-10x slower (NOTES 36)."""
+    tile that spills its accumulators to the stack on every step runs 2-10x slower (NOTES 36)."""
     if not nest.has_reduction:
         return overrides
     knobs = {**default_knobs(nest), **overrides}
