@@ -390,6 +390,8 @@ def test_register_tiles_on_avx2_and_avx512():
 @pytest.mark.parametrize("space", ["gemm_bn", "conv_bn_relu"])
 def test_seeds_fitted_to_a_small_register_file_build_and_compute_the_reference(space):
     """SSE's 16 registers of 4 floats (32 accumulator floats): even the tiny shapes' tiles are cut."""
+    import optuna
+
     from autofuse.search import PlanSpace
     from autofuse.target import VectorUnit
 
@@ -398,6 +400,6 @@ def test_seeds_fitted_to_a_small_register_file_build_and_compute_the_reference(s
     sse = dict((label, params) for params, label in ps.seed_trials(None, VectorUnit(4, 16)))
     assert "seed:registers" in sse and sse != dict((label, p) for p, label in ps.seed_trials(None))
     for label in ("seed:registers", "seed:packed"):
-        plan = ps.suggest(__import__("optuna").trial.FixedTrial(sse[label]))[0]
+        plan = ps.suggest(optuna.trial.FixedTrial(sse[label]))[0]
         res = evaluate_plan(w, plan, LLVM, QUICK)
         assert res["status"] == OK and res["correct"], (label, res)
