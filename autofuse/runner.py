@@ -409,8 +409,7 @@ class CandidateLog:
     best_hash: str | None = None
     best_plan: str | None = None  # the best plan's JSON, to time new candidates against
     best_compared: bool = False  # the best's value comes from timing it side by side (not one lone timing)
-    best_recent_ms: float | None = None  # the best's median in its latest side-by-side timing
-    best_timings: list[float] = field(default_factory=list)  # its last RECENT_TIMINGS side-by-side medians
+    best_timings: list[float] = field(default_factory=list)  # the best's last RECENT_TIMINGS side-by-side medians
 
     @classmethod
     def from_trials(cls, trials: list[Any]) -> CandidateLog:
@@ -461,11 +460,14 @@ class CandidateLog:
             if self.best_ms is None or value_of(res) < self.best_ms:
                 self.best_ms, self.best_hash, self.best_plan = value_of(res), plan_hash, plan_json
                 self.best_compared = "candidate_ms" in timed
-                self.best_recent_ms = timed.get("candidate_ms")
                 self.best_timings = [timed["candidate_ms"]] if "candidate_ms" in timed else []
             elif timed.get("vs") == self.best_hash and "incumbent_ms" in timed:
-                self.best_recent_ms = timed["incumbent_ms"]
                 self.best_timings = (self.best_timings + [timed["incumbent_ms"]])[-RECENT_TIMINGS:]
+
+    @property
+    def best_recent_ms(self) -> float | None:
+        """The best's median in its latest side-by-side timing (None before its first)."""
+        return self.best_timings[-1] if self.best_timings else None
 
     def time_limit_s(self, cap_s: float) -> float:
         if len(self.seconds) < LIMIT_AFTER:
@@ -495,7 +497,7 @@ class CandidateLog:
         timed = self.best_timed_ms()  # None only while there is no best
         if self.best_ms is None or timed is None:
             return None
-        return max(self.best_ms, timed, statistics.median(self.best_timings) if self.best_timings else timed)
+        return max(self.best_ms, timed, statistics.median(self.best_timings or [timed]))
 
     def run(self, runner: IsolatedRunner, task: dict[str, Any], plan_hash: str, cap_s: float) -> dict[str, Any]:
         """The plan's result: the earlier one if it was measured before, else built and
