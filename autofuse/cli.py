@@ -357,14 +357,18 @@ class _tune_progress:
 @click.option("--compare-random", is_flag=True,
               help="Also run random search with the same budget: curves at equal trials, and its best plan timed "
                    "in the same rounds as autofuse's (the random-search column).")
+@click.option("--random-seeded", is_flag=True,
+              help="Implies --compare-random: random search first measures autofuse's seed templates too, so the "
+                   "comparison shows what the sampler and mutations add on their own (default: plain random "
+                   "sampling after the two reference plans).")
 @click.option("--append", is_flag=True,
               help="Keep the spaces of the report already in --output that this run does not measure (a long "
                    "bench split over several runs; the budget must be the same). Table, geomeans and charts cover all.")
 @tiny_option
 @json_option
 def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: str, rounds: int, repeats: int,
-          min_repeat_ms: int, columns: str, seed: int, compare_random: bool, append: bool, tiny: bool,
-          as_json: bool) -> None:
+          min_repeat_ms: int, columns: str, seed: int, compare_random: bool, random_seeded: bool, append: bool,
+          tiny: bool, as_json: bool) -> None:
     """autofuse's best plan vs unfused, TVM (default, MetaSchedule), onnxruntime, NumPy and the roofline."""
     from pathlib import Path
 
@@ -385,7 +389,8 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     unknown = set(cols) - set(COLUMNS)
     if unknown:
         raise click.BadParameter(f"unknown column(s) {sorted(unknown)}; choose from {', '.join(COLUMNS)}", param_hint="--columns")
-    if (compare_random or "random-search" in cols) and "autofuse" not in cols:
+    compare_random = compare_random or random_seeded or "random-search" in cols
+    if compare_random and "autofuse" not in cols:
         raise click.BadParameter("random search is compared with autofuse: include the autofuse column",
                                  param_hint="--compare-random")
     names = list(spaces) or space_names()
@@ -394,7 +399,8 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     console = _console()
     say = (lambda s: None) if as_json else (lambda s: console.print(f"[dim]{s}[/]"))
     report = run_bench(names, target, budget, Path(out_dir), tiny=tiny, rounds=rounds, repeats=repeats,
-                       min_repeat_ms=min_repeat_ms, seed=seed, include=cols, progress=say, compare_random=compare_random,
+                       min_repeat_ms=min_repeat_ms, seed=seed, include=cols, progress=say,
+                       compare_random=("seeded" if random_seeded else "plain") if compare_random else None,
                        append=append)
 
     def render() -> None:

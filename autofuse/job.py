@@ -54,6 +54,7 @@ class JobConfig:
     workers: int = 1
     resume: bool = False
     warm_start: bool = True  # a new study measures the DB's best plan for the workload early
+    seed_templates: bool = True  # ... and the seed templates (PlanSpace.seed_trials); off: a plain random baseline
     mutation_rate: float = 0.75  # share of trials that mutate the best plan (none with sampler "random"); NOTES 22
     timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, min_repeat_ms=20, warmup=1))
     # the final re-measurement: many short runs spread over its rounds rather than a few long
@@ -321,7 +322,7 @@ def prepare_study(cfg: JobConfig) -> optuna.Study:
         if cfg.warm_start:
             with PlanDB(cfg.db_url) as db:
                 stored = stored_best_plan(db, w.hash, target, host_fingerprint())
-        for params, label in space.seed_trials(stored, vector_unit(target)):
+        for params, label in space.seed_trials(stored, vector_unit(target), cfg.seed_templates):
             study.enqueue_trial(params, user_attrs={"label": label})
     else:
         fail_orphaned_trials(study, storage, grace_s=2 * cfg.heartbeat_s)

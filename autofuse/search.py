@@ -170,15 +170,16 @@ class PlanSpace:
         except PlanError:
             return None
 
-    def seed_trials(self, stored_best: Plan | None = None,
-                    vectors: VectorUnit | None = None) -> list[tuple[dict[str, Any], str]]:
+    def seed_trials(self, stored_best: Plan | None = None, vectors: VectorUnit | None = None,
+                    templates: bool = True) -> list[tuple[dict[str, Any], str]]:
         """(params, label) of the plans a new study measures right after its baselines: the
         best plan already stored for this workload and target (a warm start); the default
         partition under schedule templates that often win (see ``seed_schedule``); and the
         most-fused partition (``partition.most_fused``) and the default partition with its
         epilogues apart (``partition.epilogues_apart``), where they differ from the default,
         with default schedules and the same templates.  ``vectors``: the target's vector unit,
-        which the templates' register tiles are sized to fit."""
+        which the templates' register tiles are sized to fit.  ``templates=False``: the stored
+        best only (a plain random-search baseline samples the space without this knowledge)."""
         w = self.workload
         budget = vectors.accumulator_floats if vectors else None
         seeds: list[tuple[dict[str, Any], str]] = []
@@ -190,8 +191,9 @@ class PlanSpace:
         g = w.graph(True)
         default = default_partition(g)
         dag = g.dag()
-        for part, label in ((default, "seed"), (most_fused(dag), "seed:most-fused"),
-                            (epilogues_apart(dag, default), "seed:epilogue-apart")):
+        partitions = ((default, "seed"), (most_fused(dag), "seed:most-fused"),
+                      (epilogues_apart(dag, default), "seed:epilogue-apart")) if templates else ()
+        for part, label in partitions:
             nests = [group_anchor(g, grp)[1] for grp in part]
             plans = [w.partition_plan(part, True, label)]  # on the default partition: the default plan, dropped below
             plans += [w.partition_plan(part, True, f"{label}:{name}", [seed_schedule(n, name, budget) for n in nests])

@@ -4,7 +4,8 @@ python benchmarks/bench_summary.py results/bench_10m_znver5/bench.json
 Per space: when it ran, autofuse's median and spread (ms), each peer's time over autofuse's
 (MetaSchedule, onnxruntime), autofuse over the roofline floor, the best plan at 30% of the
 budget timed side by side with the final best (final over early, >= 0.95 meets the 3-minute
-target), and random search at equal trials timed side by side (random over guided)."""
+target), and random search at equal trials timed side by side (random over guided; "seeded"
+when random search measured autofuse's seed templates first, "plain" when it did not)."""
 
 import json
 import math
@@ -21,10 +22,12 @@ def summary(report: dict) -> list[str]:
     for r in spaces:
         af, q = r["columns"]["autofuse"], r["ratios_vs_autofuse"]
         early = (r.get("autofuse_early_best") or {}).get("final_over_early")
-        rand = ((r.get("search_vs_random") or {}).get("side_by_side") or {}).get("random_over_guided")
+        vs_random = r.get("search_vs_random") or {}
+        rand = (vs_random.get("side_by_side") or {}).get("random_over_guided")
+        rand_text = "-" if rand is None else f"{rand:.3f} ({'seeded' if vs_random.get('random_seeded', True) else 'plain'})"
         lines.append(f"{r['space']:<20} {r['date'][:16]}  autofuse {af['median_ms']:.3f} (±{af['spread_ms']:.3f}) ms  "
                      f"MS {_r(q.get('tvm-metaschedule'))}x  ORT {_r(q.get('onnxruntime'))}x  "
-                     f"af/roofline {_r(r.get('autofuse_over_roofline'))}  early {_r(early, 3)}  random {_r(rand, 3)}")
+                     f"af/roofline {_r(r.get('autofuse_over_roofline'))}  early {_r(early, 3)}  random {rand_text}")
     for peer in ("tvm-metaschedule", "onnxruntime"):
         ratios = [r["ratios_vs_autofuse"][peer] for r in spaces if r["ratios_vs_autofuse"].get(peer)]
         if ratios:

@@ -4,6 +4,7 @@ import json
 import statistics
 from pathlib import Path
 
+import optuna
 import pytest
 
 from helpers import cli
@@ -35,6 +36,8 @@ def test_bench_rejects_unknown_column_and_space():
     r = cli("bench", "nope", "--tiny")
     assert r.returncode == 2 and "unknown space" in r.stderr
     r = cli("bench", "ew_chain", "--tiny", "--columns", "numpy", "--compare-random")  # random search runs beside autofuse
+    assert r.returncode == 2 and "autofuse column" in r.stderr and "Traceback" not in r.stderr
+    r = cli("bench", "ew_chain", "--tiny", "--columns", "numpy", "--random-seeded")  # implies --compare-random
     assert r.returncode == 2 and "autofuse column" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -155,6 +158,9 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
             assert early["samples"] == space["columns"]["autofuse"]["samples"]
         assert f"{100 * early['final_over_early']:.0f}% of the final best at 2 s" in (out / "bench.md").read_text()
     assert space["random_job"]["study"].endswith("-random")
+    assert space["random_job"]["seeded"] is False and cmp["random_seeded"] is False  # plain: no seed templates
+    random_study = optuna.load_study(study_name=space["random_job"]["study"], storage=f"sqlite:///{out / 'bench.db'}")
+    assert {t.user_attrs.get("label") for t in random_study.trials} <= {"unfused", "default", None}
     col = space["columns"]["random-search"]
     assert col["correct"] and col["samples"] == space["columns"]["autofuse"]["samples"] == 1, col
     assert space["random_job"]["best"]["plan_hash"] in col["note"]
@@ -167,7 +173,7 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
     assert str(out / "bench_trials.png") in report["charts"]
     assert (out / "bench_trials.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "bench.md").read_text()
-    assert "random search at equal trials" in md and f"at {n} measured" in md
+    assert "random search at equal trials" in md and f"at {n} measured" in md and "plain: " in md
 
 
 def test_best_at_reads_a_best_so_far_curve():
@@ -363,3 +369,25 @@ def test_the_early_cell_says_which_plan_the_3_minute_check_timed():
     assert early_cell(rounds) == "80% of the final best at 180 s (medians of the rounds)"
     older = {k: v for k, v in rounds.items() if k != "early_final"}
     assert early_cell(older) == "80% of the final best at 180 s (best score then)"
+
+
+def test_bench_summary_marks_plain_and_seeded_random_search():
+    """benchmarks/bench_summary.py, the read the closing notes quote: one line per space, the
+    random-search check marked plain or seeded (reports without the mark were seeded)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_summary", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_summary.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def row(space: str, vs_random: dict | None) -> dict:
+        return {"space": space, "date": "2026-12-03 15:00:00 UTC", "columns": {"autofuse": {"median_ms": 1.0, "spread_ms": 0.1}},
+                "ratios_vs_autofuse": {"tvm-metaschedule": 2.0, "onnxruntime": 4.0}, "autofuse_over_roofline": 1.5,
+                "search_vs_random": vs_random}
+
+    lines = module.summary({"spaces": [row("old", {"side_by_side": {"random_over_guided": 1.02}}),
+                                       row("plain", {"side_by_side": {"random_over_guided": 1.5}, "random_seeded": False}),
+                                       row("none", None)]})
+    assert lines[0].endswith("random 1.020 (seeded)") and lines[1].endswith("random 1.500 (plain)")
+    assert lines[2].endswith("random -")
+    assert lines[3:] == ["geomean tvm-metaschedule: 2.00x over 3", "geomean onnxruntime: 4.00x over 3"]

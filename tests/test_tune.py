@@ -267,6 +267,22 @@ def test_seed_trials_put_a_stored_plan_first_and_skip_ones_outside_the_space():
     with pytest.warns(UserWarning, match="outside the search space"):
         assert [label for _, label in space.seed_trials(odd)] == [label for _, label in seeds[1:]]
 
+    assert space.seed_trials(fused, templates=False) == [seeds[0]]  # the stored best alone: no templates
+    assert space.seed_trials(None, templates=False) == []
+
+
+def test_a_study_without_seed_templates_starts_from_the_baselines_alone(tmp_path):
+    """``seed_templates=False`` (the bench's plain random-search baseline): a new study
+    enqueues the two reference plans and none of autofuse's seed templates."""
+    from dataclasses import replace
+
+    from autofuse.job import JobConfig, prepare_study
+
+    cfg = JobConfig(space="conv_bn_relu", tiny=True, db_url=f"sqlite:///{tmp_path}/t.db", study="plain",
+                    seed_templates=False, log_dir=str(tmp_path))
+    assert sorted(t.user_attrs.get("label") for t in prepare_study(cfg).trials) == ["default", "unfused"]
+    seeded = [t.user_attrs.get("label") for t in prepare_study(replace(cfg, study="seeded", seed_templates=True)).trials]
+    assert [label for label in seeded if label.startswith("seed")]
 
 def test_local_mutation_queues_a_neighbour_of_the_best_trial():
     """The mutation callback enqueues the best trial with one or two parameters changed,

@@ -26,7 +26,11 @@ from autofuse.workload import Workload
 
 COLUMNS = ("unfused", "tvm-default", "tvm-metaschedule", "onnxruntime", "numpy", "random-search", "autofuse")
 # random-search: the best plan of a random-sampling job of the same space and budget (``--compare-random``),
-# timed in the same rounds as autofuse's, so the two jobs' bests are compared in the same minutes
+# timed in the same rounds as autofuse's, so the two jobs' bests are compared in the same minutes.
+# That job is "plain" (the two reference plans, then samples of the space: the textbook baseline)
+# or "seeded" (autofuse's seed templates first, as the guided job measures them: what the sampler
+# and mutations add on their own).  Reports without the mark were seeded.
+RANDOM_BASELINES = ("plain", "seeded")
 
 
 @dataclass
@@ -181,13 +185,13 @@ class PlanPair:
 
 
 def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
-                  seed: int, include: tuple[str, ...], compare_random: bool = False,
+                  seed: int, include: tuple[str, ...], compare_random: str | None = None,
                   ) -> tuple[list[_Runnable], list[PlanPair], dict[str, Any]]:
     """The ``include``d columns of ``w``, ready to check and time; the plan pairs of the search
     checks, to time in the same rounds; and what the tuners reported (search curves, job
-    summaries, the random-search comparison).  ``compare_random``
-    and the random-search column go together (either asks for both; they need the autofuse
-    column, whose job the random search runs after)."""
+    summaries, the random-search comparison).  ``compare_random`` (one of
+    ``RANDOM_BASELINES``) and the random-search column go together (either asks for both,
+    plain by default; they need the autofuse column, whose job the random search runs after)."""
     import tvm
     from tvm import relax
 
@@ -196,7 +200,9 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
     from autofuse.peers import has_onnx, onnx_model, onnxruntime_session
     from autofuse.relax_module import bind_params, space_to_relax
 
-    compare_random = compare_random or "random-search" in include
+    compare_random = compare_random or ("plain" if "random-search" in include else None)
+    if compare_random not in (None, *RANDOM_BASELINES):
+        raise ValueError(f"compare_random: {compare_random!r} is none of {RANDOM_BASELINES}")
     if compare_random and "random-search" not in include:
         include = (*include, "random-search")
     acts, expected = w.check_data()
@@ -326,15 +332,17 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
         if early_json:
             pair(("early", "final"), early_json, final_json, extra["autofuse_early_best"], runnable)
         if compare_random:  # the same budget with random sampling: is the guided search earning its keep?
+            seeded = compare_random == "seeded"
             rcfg = JobConfig(**{**cfg.__dict__, "study": cfg.study + "-random", "sampler": "random", "top_k": 1, "warm_start": False,
-                                "final_rounds": 1})
+                                "seed_templates": seeded, "final_rounds": 1})
             rres = run_job(rcfg, progress_factory=_job_ticker(_Ticker(progress, f"{w.space.name}: random search", budget_s)))
             rand = StudyHistory(db_url, rres.study)
             extra["random_curve"], random_by_measured = rand.curves()
             extra["random_job"] = {"trials": rres.trials_this_job, "measured": rres.measured, "best": rres.best,
-                                   "study": rres.study}
+                                   "study": rres.study, "seeded": seeded}
             extra.update(search_vs_random(guided_by_measured, random_by_measured))
             if "search_vs_random" in extra:
+                extra["search_vs_random"]["random_seeded"] = seeded
                 n = extra["search_vs_random"]["equal_trials"]
                 a, b = guided.best_plan_after(n), rand.best_plan_after(n)
                 extra["search_vs_random"]["side_by_side"] = {} if a and b else None

@@ -25,12 +25,14 @@ def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
 
 def random_cell(cmp: dict[str, Any] | None) -> str:
     """``random ms / guided ms`` at equal trials (side by side, and by each job's scores) and,
-    by scores, at the end of the same budget."""
+    by scores, at the end of the same budget; plain or seeded random search (reports without
+    the mark were seeded)."""
     if not cmp or not cmp.get("random_over_guided"):
         return ""
     sbs = (cmp.get("side_by_side") or {}).get("random_over_guided")
     how = "back to back" if "paired" in (cmp.get("side_by_side") or {}) else "side by side in the rounds"
-    return ((f"**{sbs:.2f}x** {how} at {cmp['equal_trials']} measured; scores: " if sbs else "scores: ")
+    which = "seeded" if cmp.get("random_seeded", True) else "plain"  # random search with or without the templates
+    return (f"{which}: " + (f"**{sbs:.2f}x** {how} at {cmp['equal_trials']} measured; scores: " if sbs else "scores: ")
             + f"{cmp['random_over_guided']:.2f}x at {cmp['equal_trials']} measured, "
             f"{cmp['same_budget_random_over_guided']:.2f}x at the budget "
             f"({cmp['random_trials']} vs {cmp['guided_trials']} measured)")

@@ -29,7 +29,7 @@ PAIRED_TIMINGS = 24  # back-to-back timings of each search check's two plans (``
 def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False, rounds: int = 5,
                 repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0, peaks: dict[str, float] | None = None,
                 include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None,
-                compare_random: bool = False) -> dict[str, Any]:
+                compare_random: str | None = None) -> dict[str, Any]:
     """One space's row of the report: its columns built or tuned, checked, timed in
     ``rounds`` interleaved rounds of ``repeats``; ratios, roofline and search curves."""
     w = get_workload(name, tiny)
@@ -117,7 +117,7 @@ def _previous_report(out_dir: Path, target: Target, budget_s: float, tiny: bool)
 def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False,
               rounds: int = 5, repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0,
               include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None,
-              compare_random: bool = False, append: bool = False) -> dict[str, Any]:
+              compare_random: str | None = None, append: bool = False) -> dict[str, Any]:
     """Bench ``spaces`` and write the report.  ``append``: keep the spaces of the report
     already in ``out_dir`` that this run does not measure (a long bench split over several
     sessions); each space keeps the date and machine peaks of the run that measured it."""
