@@ -88,7 +88,7 @@ def best_at(curve: list[tuple[int, float]] | list[list[float]], n: int) -> float
 
 def search_vs_random(guided: list[tuple[int, float]], rand: list[tuple[int, float]]) -> dict[str, Any]:
     """Guided search (TPE, mutations, cost model) against random sampling of the same space,
-    both from the same reference and seed plans, given their best-so-far per candidates
+    both from the same reference plans (seeded: and seed plans), given their best-so-far per candidates
     measured: the best each had after the same number of measured candidates (the smaller
     of the two counts), and at the end of the same wall-clock budget.  These are each job's
     own scores, anchored in its own first minutes; the bench also times the two plans at

@@ -118,8 +118,9 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
               "over early time (>= 95%: the target is met). Back to back, because the machine's speed flips "
               "between two levels every second or so and a plan's median in the rounds can draw the slow one."]
     if vs_random:
-        lines += ["", "Random search at equal trials: random sampling of the same space from the same reference "
-                  "and seed plans, tuned for the same budget after autofuse. In bold, the two plans each search "
+        lines += ["", "Random search at equal trials: random sampling of the same space, tuned for the same budget "
+                  "after autofuse, either plain (from the two reference plans, unfused and default) or seeded (from "
+                  "autofuse's seed plans too, as every report before 2026-12-03 15:00 UTC), as each cell says. In bold, the two plans each search "
                   "had as its best after as many measured candidates as the shorter of the two runs built, timed "
                   "back to back like the 3-minute check (random over guided, >1: the guided search is ahead). Then the same ratio from "
                   "each job's own scores, and by scores at the end of the budget, with each run's measured "
