@@ -391,3 +391,22 @@ def test_bench_summary_marks_plain_and_seeded_random_search():
     assert lines[0].endswith("random 1.020 (seeded)") and lines[1].endswith("random 1.500 (plain)")
     assert lines[2].endswith("random -")
     assert lines[3:] == ["geomean tvm-metaschedule: 2.00x over 3", "geomean onnxruntime: 4.00x over 3"]
+
+
+def test_geomeans_keep_plain_and_seeded_random_search_apart():
+    """A report with rows of both kinds of random search (``--append``) gets one random-search
+    geomean per kind; with one kind, one geomean under the column's name."""
+    from autofuse.bench.run import geomeans
+
+    def row(random_ratio: float | None, seeded: bool | None) -> dict:
+        vs_random = None if seeded is None else {"random_seeded": seeded}
+        ratios = {"tvm-metaschedule": 2.0, **({"random-search": random_ratio} if random_ratio else {})}
+        return {"ratios_vs_autofuse": ratios, "search_vs_random": vs_random}
+
+    mixed = geomeans([row(1.0, True), row(4.0, False), row(1.0, False), row(None, None)])
+    assert mixed == {"tvm-metaschedule": pytest.approx(2.0), "random-search (plain)": pytest.approx(2.0),
+                     "random-search (seeded)": pytest.approx(1.0)}
+    plain = geomeans([row(4.0, False), row(1.0, False)])
+    assert plain == {"tvm-metaschedule": pytest.approx(2.0), "random-search": pytest.approx(2.0)}
+    old = geomeans([{"ratios_vs_autofuse": {"random-search": 3.0}}])  # no mark: seeded, the only kind
+    assert old == {"random-search": pytest.approx(3.0)}

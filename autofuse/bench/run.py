@@ -114,6 +114,26 @@ def _previous_report(out_dir: Path, target: Target, budget_s: float, tiny: bool)
     return prev
 
 
+def geomeans(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Each column's geometric mean of peer time / autofuse time over the spaces that have it.
+    Plain and seeded random search answer different questions, so a report holding rows of
+    both (``--append``) gets one random-search geomean per kind, "random-search (plain)" and
+    "random-search (seeded)"; rows without the mark were seeded."""
+    def kind(r: dict[str, Any]) -> str:
+        return "seeded" if (r.get("search_vs_random") or {}).get("random_seeded", True) else "plain"
+
+    geo = {}
+    for col in COLUMNS:
+        rows = [r for r in results if r.get("ratios_vs_autofuse", {}).get(col)]
+        groups = {col: rows}
+        if col == "random-search" and len({kind(r) for r in rows}) > 1:
+            groups = {f"{col} ({k})": [r for r in rows if kind(r) == k] for k in ("plain", "seeded")}
+        for name, group in groups.items():
+            if group:
+                geo[name] = math.exp(sum(math.log(r["ratios_vs_autofuse"][col]) for r in group) / len(group))
+    return geo
+
+
 def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False,
               rounds: int = 5, repeats: int = 3, min_repeat_ms: float = 50, seed: int = 0,
               include: tuple[str, ...] = COLUMNS, progress: Callable[[str], None] = lambda s: None,
@@ -144,13 +164,7 @@ def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path,
     report = {"date": date, "target": target.spec, "threads": num_threads(),
               "tvm_version": tvm.__version__, "peaks": peaks, "budget_s": budget_s, "rounds": rounds,
               "repeats": repeats, "min_repeat_ms": min_repeat_ms, "runs": runs, "spaces": results}
-    geo = {}
-    for col in COLUMNS:
-        ratios = [r.get("ratios_vs_autofuse", {}).get(col) for r in results]
-        ratios = [x for x in ratios if x]
-        if ratios:
-            geo[col] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    report["geomean_speedup_of_autofuse"] = geo
+    report["geomean_speedup_of_autofuse"] = geomeans(results)
     path = out_dir / "bench.json"
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".bench.", suffix=".json")
     with os.fdopen(fd, "w") as f:
