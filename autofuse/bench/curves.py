@@ -86,6 +86,12 @@ def best_at(curve: list[tuple[int, float]] | list[list[float]], n: int) -> float
     return best
 
 
+def random_kind(vs_random: dict[str, Any] | None) -> str:
+    """"plain" or "seeded": which random search a report row's ``search_vs_random`` compared
+    with (rows of reports older than the mark were seeded)."""
+    return "seeded" if (vs_random or {}).get("random_seeded", True) else "plain"
+
+
 def search_vs_random(guided: list[tuple[int, float]], rand: list[tuple[int, float]]) -> dict[str, Any]:
     """Guided search (TPE, mutations, cost model) against random sampling of the same space,
     both from the same reference plans (seeded: and seed plans), given their best-so-far per candidates

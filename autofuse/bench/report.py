@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from autofuse.bench.columns import COLUMNS
+from autofuse.bench.curves import random_kind
 
 
 def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
@@ -31,8 +32,7 @@ def random_cell(cmp: dict[str, Any] | None) -> str:
         return ""
     sbs = (cmp.get("side_by_side") or {}).get("random_over_guided")
     how = "back to back" if "paired" in (cmp.get("side_by_side") or {}) else "side by side in the rounds"
-    which = "seeded" if cmp.get("random_seeded", True) else "plain"  # random search with or without the templates
-    return (f"{which}: " + (f"**{sbs:.2f}x** {how} at {cmp['equal_trials']} measured; scores: " if sbs else "scores: ")
+    return (f"{random_kind(cmp)}: " + (f"**{sbs:.2f}x** {how} at {cmp['equal_trials']} measured; scores: " if sbs else "scores: ")
             + f"{cmp['random_over_guided']:.2f}x at {cmp['equal_trials']} measured, "
             f"{cmp['same_budget_random_over_guided']:.2f}x at the budget "
             f"({cmp['random_trials']} vs {cmp['guided_trials']} measured)")

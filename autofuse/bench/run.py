@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from autofuse.bench.columns import COLUMNS, build_columns
-from autofuse.bench.curves import reached_95pct_at
+from autofuse.bench.curves import random_kind, reached_95pct_at
 from autofuse.bench.plots import plot_bench
 from autofuse.bench.report import markdown_report, runs_of
 from autofuse.bench.roofline import machine_peaks, roofline_ms, work_of
@@ -118,9 +118,9 @@ def geomeans(results: list[dict[str, Any]]) -> dict[str, float]:
     """Each column's geometric mean of peer time / autofuse time over the spaces that have it.
     Plain and seeded random search answer different questions, so a report holding rows of
     both (``--append``) gets one random-search geomean per kind, "random-search (plain)" and
-    "random-search (seeded)"; rows without the mark were seeded."""
+    "random-search (seeded)"."""
     def kind(r: dict[str, Any]) -> str:
-        return "seeded" if (r.get("search_vs_random") or {}).get("random_seeded", True) else "plain"
+        return random_kind(r.get("search_vs_random"))
 
     geo = {}
     for col in COLUMNS:
