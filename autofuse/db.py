@@ -77,6 +77,21 @@ __all__ = [
 DEFAULT_URL = "sqlite:///results/autofuse.db"
 
 
+def sqlite_file(url: str | URL) -> str | None:
+    """The file behind a SQLite URL; None for an in-memory database, a server (PostgreSQL), or a
+    URL that does not parse (whoever opens it reports that)."""
+    try:
+        url = make_url(url)
+    except Exception:  # noqa: BLE001 - sqlalchemy raises several types for a bad URL
+        return None
+    if url.get_backend_name() != "sqlite":
+        return None
+    db = url.database
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return db
+
+
 def normalize_url(text: str) -> str:
     """A plain file path (``results/my.db``) means that SQLite file; anything with a
     scheme (``sqlite:///...``, ``postgresql://...``) is an SQLAlchemy URL as is."""
@@ -434,7 +449,7 @@ class PlanDB:
             raise DBError(f"invalid database URL {url!r}: {e}") from None
         self._display = self._url.render_as_string(hide_password=True)
         self._is_sqlite = self._url.get_backend_name() == "sqlite"
-        self._sqlite_path = self._file_path()
+        self._sqlite_path = sqlite_file(self._url)
 
         if self._sqlite_path is not None:
             self._check_sqlite_file(create=create and not readonly)
@@ -453,13 +468,6 @@ class PlanDB:
             raise DBError(f"cannot open {self._display}: {_short(e)}") from None
 
     # ---- opening ----------------------------------------------------------
-    def _file_path(self) -> str | None:
-        if not self._is_sqlite:
-            return None
-        db = self._url.database
-        if not db or db == ":memory:" or db.startswith("file:"):
-            return None
-        return db
 
     def _check_sqlite_file(self, *, create: bool) -> None:
         path = self._sqlite_path

@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 
 import autofuse
-from autofuse.db import DEFAULT_URL, PlanDB
+from autofuse.db import DEFAULT_URL, PlanDB, sqlite_file
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
 from autofuse.cost_model import mark_prescreened, prescreen
@@ -66,7 +66,7 @@ class JobConfig:
     final_rounds: int = 8  # at least; more while the final has not yet lasted FINAL_SHARE of the job
     heartbeat_s: int = 10
     progress: bool = True
-    log_dir: str = "results"
+    log_dir: str | None = None  # None: beside the SQLite database (results/ for the default one); results/ for a server
 
     def target_obj(self) -> Target:
         return parse_target(self.target)
@@ -279,10 +279,20 @@ def _cfg_from_json(text: str) -> JobConfig:
     return JobConfig(**d)
 
 
+def log_folder(cfg: JobConfig) -> Path:
+    """Where the job's log goes: beside its SQLite database, so that a job on ``/data/x.db`` does not
+    leave a ``results/`` folder in whatever directory it was started from."""
+    if cfg.log_dir:
+        return Path(cfg.log_dir)
+    db_file = sqlite_file(cfg.db_url)
+    return Path(db_file).parent if db_file else Path("results")
+
+
 def _setup_logging(cfg: JobConfig) -> Path:
-    Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
+    folder = log_folder(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9_.@-]+", "_", cfg.study_name())
-    path = Path(cfg.log_dir) / f"tune-{safe}.log"
+    path = folder / f"tune-{safe}.log"
     for h in list(log.handlers):  # one job per log file: a process running several jobs (bench) moves on
         if isinstance(h, logging.FileHandler) and h.baseFilename != str(path.resolve()):
             log.removeHandler(h)

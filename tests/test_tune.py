@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -38,6 +39,8 @@ def test_tune_records_baselines_trials_and_final_measurements(tmp_path):
     assert len({len(f["runs_ms"]) for f in timed}) == 1 and len(timed[0]["runs_ms"]) >= 8  # one per round
     assert [f["p75_ms"] for f in timed] == sorted(f["p75_ms"] for f in timed)  # ranked by it
     assert out["best"]["plan_hash"] == timed[0]["plan_hash"]
+    log = Path(out["log"])  # beside the database, not in a results/ folder of the working directory
+    assert log.parent == tmp_path and "trial" in log.read_text()
     study = _study(url)
     labels = [t.user_attrs.get("label") for t in study.trials[:2]]
     assert labels == ["unfused", "default"]  # baselines enqueued first
