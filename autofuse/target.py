@@ -62,11 +62,12 @@ def vector_unit(target: Target) -> VectorUnit | None:
     AVX2: 16 of 8; NEON: 32 of 4); None for a GPU or a CPU whose features LLVM cannot tell."""
     if target.kind != "llvm":
         return None
-    def has(feature: str) -> bool:
-        return bool(tvm.target.codegen.target_has_features(feature, t))
-
     try:
-        t = target.tvm()
+        tvm_target = target.tvm()
+
+        def has(feature: str) -> bool:
+            return bool(tvm.target.codegen.target_has_features(feature, tvm_target))
+
         if has("avx512f"):
             return VectorUnit(16, 32)
         if has("avx2") or has("avx"):
