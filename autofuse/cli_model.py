@@ -151,7 +151,7 @@ def _tune_model(spec: str, kw: dict[str, Any]) -> None:
             f"{res['trials']} region trials in {res['wall_s']:.0f} s\n"
             f"whole model: default plan {fmt(f['default'])}, stitched best plan {fmt(f['stitched'])}"
             + (f" ({res['speedup_vs_default']:.2f}× vs default)" if res.get("speedup_vs_default") else "")
-            + f"; regions estimate {res['estimate_ms']} ms")
+            + f"; regions estimate {res['estimate_ms']} ms\nlog: {res['log']}")
     _emit(as_json, res, text)
     if f["stitched"]["status"] != "ok" and f["default"]["status"] != "ok":
         sys.exit(1)

@@ -279,30 +279,36 @@ def _cfg_from_json(text: str) -> JobConfig:
     return JobConfig(**d)
 
 
-def log_folder(cfg: JobConfig) -> Path:
-    """Where the job's log goes: beside its SQLite database, so that a job on ``/data/x.db`` does not
-    leave a ``results/`` folder in whatever directory it was started from."""
-    if cfg.log_dir:
-        return Path(cfg.log_dir)
-    db_file = sqlite_file(cfg.db_url)
+def log_folder(db_url: str, log_dir: str | None = None) -> Path:
+    """Where a job's log goes (``log_dir`` unless None): beside its SQLite database, so that a job
+    on ``/data/x.db`` does not leave a ``results/`` folder in whatever directory it was started
+    from; ``results/`` for a server database."""
+    if log_dir:
+        return Path(log_dir)
+    db_file = sqlite_file(db_url)
     return Path(db_file).parent if db_file else Path("results")
 
 
-def _setup_logging(cfg: JobConfig) -> Path:
-    folder = log_folder(cfg)
+def attach_log_file(logger: logging.Logger, folder: Path, study: str) -> Path:
+    """Send ``logger`` (INFO and up) to ``folder/tune-STUDY.log``, appending: a resumed job
+    continues its log.  One job per file: a process that runs several jobs (bench) moves on."""
     folder.mkdir(parents=True, exist_ok=True)
-    safe = re.sub(r"[^A-Za-z0-9_.@-]+", "_", cfg.study_name())
-    path = folder / f"tune-{safe}.log"
-    for h in list(log.handlers):  # one job per log file: a process running several jobs (bench) moves on
+    path = folder / f"tune-{re.sub(r'[^A-Za-z0-9_.@-]+', '_', study)}.log"
+    for h in list(logger.handlers):
         if isinstance(h, logging.FileHandler) and h.baseFilename != str(path.resolve()):
-            log.removeHandler(h)
+            logger.removeHandler(h)
             h.close()
-    if not any(isinstance(h, logging.FileHandler) for h in log.handlers):
+    if not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
         h = logging.FileHandler(path)
         h.setFormatter(logging.Formatter(f"%(asctime)s pid={os.getpid()} %(levelname)s %(message)s"))
-        log.addHandler(h)
-    log.setLevel(logging.INFO)
-    # failed candidates are expected (and logged above, with their reason): no Optuna tracebacks
+        logger.addHandler(h)
+    logger.setLevel(logging.INFO)
+    return path
+
+
+def _setup_logging(cfg: JobConfig) -> Path:
+    path = attach_log_file(log, log_folder(cfg.db_url, cfg.log_dir), cfg.study_name())
+    # failed candidates are expected (and logged, with their reason): no Optuna tracebacks
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     return path
 

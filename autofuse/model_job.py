@@ -39,7 +39,7 @@ import optuna
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 from autofuse.db import DEFAULT_URL, PlanDB
-from autofuse.job import ALIVE, fail_orphaned_trials, store_result, stored_best_plan
+from autofuse.job import ALIVE, attach_log_file, fail_orphaned_trials, log_folder, store_result, stored_best_plan
 from autofuse.measure import TimingConfig
 from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
@@ -139,6 +139,9 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
     db = PlanDB(cfg.db_url)
     db.put_target(target.spec, host)
     study_name = f"{w.name}@{target.kind}-{w.hash[:8]}#regions"
+    logpath = attach_log_file(log, log_folder(cfg.db_url), study_name)
+    log.info("model job start: %s, %d regions (%d distinct), config %s", w.name, len(rs.instances), len(rs.distinct),
+             json.dumps(asdict(cfg), default=str))
     storage = open_storage(cfg.db_url)
     states = [_region_state(cfg, storage, db, target, host, h, rw, rs.count(h), i)
               for i, (h, rw) in enumerate(rs.workloads.items())]
@@ -231,6 +234,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
                             "median_ms": res.get("median_ms"), "max_rel_err": res.get("max_rel_err"),
                             "error": res.get("error")}
     db.close()
+    log.info("model job end: %s", json.dumps(final, default=str))
     d, s = final["default"].get("median_ms"), final["stitched"].get("median_ms")
     return {
         **reg, "study": study_name, "target": target.spec, "trials": done, "budget": budget,
@@ -238,7 +242,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
         "regions_detail": [{"hash": st.h, "instances": st.count, "ops": len(st.w.graph(True).ops), "trials": st.trials,
                             "default_ms": st.default_ms, "best_ms": st.best_ms} for st in states],
         "estimate_ms": estimate(), "default_estimate_ms": estimate("default_ms"), "curve": curve,
-        "final": final, "speedup_vs_default": (d / s) if d and s else None,
+        "final": final, "speedup_vs_default": (d / s) if d and s else None, "log": str(logpath),
     }
 
 

@@ -198,6 +198,10 @@ def test_model_rerun_continues_each_region_study(tmp_path):
     assert [t.user_attrs.get("label") for t in finished].count("default") == 1
     assert second["regions_detail"][0]["trials"] == 6
     assert second["regions_detail"][0]["best_ms"] <= first["regions_detail"][0]["best_ms"]
+    log = Path(second["log"])  # one log per model study, beside its database, continued by the rerun
+    assert log == Path(first["log"]) and log.parent == tmp_path
+    text = log.read_text()
+    assert text.count("model job start") == 2 and text.count("model job end") == 2 and "model tune" in text
     values = [v for _, v in second["curve"]]  # the model's estimated latency over the job
     assert values and values == sorted(values, reverse=True) and values[-1] == second["estimate_ms"]
 
