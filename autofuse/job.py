@@ -176,7 +176,7 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
         t1 = time.perf_counter()
         task = {"space": cfg.space, "tiny": cfg.tiny, "plan": plan.to_json(), "target": target.spec_json,
                 "timing": timing, "inject": faults.get(trial.number)}
-        res = candidates.run(runner, task, plan.hash, cfg.candidate_timeout_s)
+        res = candidates.run(runner, task, plan.hash, cfg.candidate_timeout_s, PlanSpace.hand_picked(label))
         t2 = time.perf_counter()
         timers.suggest += t1 - t0
         timers.evaluate += t2 - t1

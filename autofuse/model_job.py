@@ -185,7 +185,7 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
                 continue
             res = st.candidates.run(runner, {"space": region_spec(cfg.model, st.h), "plan": plan.to_json(),
                                              "target": target.spec_json, "timing": timing},
-                                    plan.hash, cfg.candidate_timeout_s)
+                                    plan.hash, cfg.candidate_timeout_s, PlanSpace.hand_picked(label))
             ok = res["status"] == OK
             CandidateLog.mark(trial, plan.hash, res)
             if not res.get("repeat"):  # a repeat was measured before in this region's study: nothing new to store

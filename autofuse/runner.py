@@ -379,6 +379,7 @@ RECENT_TIMINGS = 5  # side-by-side medians of the best whose median sets the com
 CONFIRM_ROUNDS = 3  # interleaved rounds that decide whether a candidate timed below the best is faster:
 CONFIRM_MARGIN = 0.02  # in every round, and by more than this share overall; else a tie, which keeps the incumbent
 DISTURBED_FACTOR = 1.25  # a comparison where the incumbent runs this much above its last side-by-side time is disturbed
+HAND_PICKED_GATE = 1.3  # a seed or stored best timed alone up to this many times the gate is compared too (see run)
 
 
 def value_of(res: dict[str, Any]) -> float:
@@ -499,10 +500,16 @@ class CandidateLog:
             return None
         return max(self.best_ms, timed, statistics.median(self.best_timings or [timed]))
 
-    def run(self, runner: IsolatedRunner, task: dict[str, Any], plan_hash: str, cap_s: float) -> dict[str, Any]:
+    def run(self, runner: IsolatedRunner, task: dict[str, Any], plan_hash: str, cap_s: float,
+            hand_picked: bool = False) -> dict[str, Any]:
         """The plan's result: the earlier one if it was measured before, else built and
         measured now (within the adapted limits), with ``seconds`` it took; one timed below
-        the best is confirmed against it first."""
+        the best is confirmed against it first.  A ``hand_picked`` plan (a seed template or
+        the stored best: a dozen per job, each a likely winner) is confirmed while it is timed
+        below ``HAND_PICKED_GATE`` times that: on a busy machine a plan timed alone reads up to
+        1.5x apart within seconds, and an mlp_gelu job whose fast_math seeds were timed alone 4%
+        above the best never compared them, and found that 20% step by mutation after 8
+        minutes (NOTES 38)."""
         injected = bool(task.get("inject"))  # a test's fault: run it, and learn nothing from it
         known = None if injected else self.known(plan_hash)
         if known is not None:
@@ -515,6 +522,8 @@ class CandidateLog:
         if injected:
             return res
         below = self.compare_below_ms()
+        if below is not None and hand_picked:
+            below *= HAND_PICKED_GATE
         if (res["status"] == OK and below is not None and self.best_plan is not None
                 and plan_hash != self.best_hash and res["median_ms"] < below):
             self.confirm(runner, task, res, cap_s)

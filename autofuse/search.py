@@ -218,6 +218,12 @@ class PlanSpace:
                 unique.append((params, label))
         return unique
 
+    @staticmethod
+    def hand_picked(label: str) -> bool:
+        """Whether a trial's label names one of ``seed_trials``' plans (a seed template or the
+        stored best), rather than a baseline, a sampler's suggestion or a mutation."""
+        return label == "db-best" or label == "seed" or label.startswith("seed:")
+
     def _group_space(self, fold: bool, group: tuple[int, ...]) -> tuple[int, LoopNest, dict[str, list[Any]]]:
         """(the op naming the group's knobs, the anchor's loop nest, the knobs' candidate values).
         Kept per group: every trial and every mutation (``complete``, dozens per trial) asks

@@ -6,7 +6,7 @@ import sqlite3
 import optuna
 import pytest
 
-from autofuse.runner import (CONFIRM_ROUNDS, DISTURBED_FACTOR, OK, RECENT_TIMINGS, TIMEOUT, CandidateLog, IsolatedRunner, run_task,
+from autofuse.runner import (CONFIRM_ROUNDS, DISTURBED_FACTOR, HAND_PICKED_GATE, OK, RECENT_TIMINGS, TIMEOUT, CandidateLog, IsolatedRunner, run_task,
                              value_of)
 from autofuse.target import parse_target
 from autofuse.workload import get_workload
@@ -114,6 +114,29 @@ def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by
     assert value_of(log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)) == pytest.approx(2.2)  # a repeat keeps its score
     rebuilt = _log_of_trials([("a", 4.0, None), ("f", 0.5, again["confirm"])])
     assert rebuilt.best_hash == "f" and rebuilt.best_compared  # a resumed job keeps the scale too
+
+
+def test_a_hand_picked_plan_timed_alone_a_little_above_the_best_is_compared_side_by_side():
+    """An mlp_gelu job's fast_math seeds were timed alone at 13.3-13.6 ms against a best
+    scored 12.81 ms, on a machine where one plan read 27-41 ms within seconds; they were
+    never compared, and their 20% step came by mutation 8 minutes later (NOTES 38).  A
+    seed (or the stored best) within HAND_PICKED_GATE of the gate is compared; a sampler's
+    candidate at the same time is not."""
+    runner = FakeRunner([{"status": OK, "median_ms": 2.0},
+                         {"status": OK, "median_ms": 1.5}, _cmp(1.5, 2.0),  # b: the best, at 1.5 on a's scale
+                         {"status": OK, "median_ms": 1.6},  # c, the sampler's, 7% above: not compared
+                         {"status": OK, "median_ms": 1.6}, _cmp(1.2, 1.5),  # d, a seed, as slow alone: compared, wins
+                         {"status": OK, "median_ms": 1.25 * HAND_PICKED_GATE}])  # e, a seed far above d: not compared
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
+    log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
+    sampled = log.run(runner, _task(plan='{"p":"c"}'), "c", 20.0)
+    assert "confirm" not in sampled and log.best_hash == "b" and len(runner.calls) == 4
+    seed = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0, hand_picked=True)
+    assert runner.calls[5][0]["compare_with"] == '{"p":"b"}' and seed["confirm"]["faster"]
+    assert log.best_hash == "d" and value_of(seed) == pytest.approx(1.5 * 1.2 / 1.5)
+    far = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0, hand_picked=True)
+    assert "confirm" not in far and log.best_hash == "d" and len(runner.calls) == 7
 
 
 def test_a_tie_with_a_lone_first_timing_rescales_the_best():

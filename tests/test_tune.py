@@ -272,6 +272,9 @@ def test_seed_trials_put_a_stored_plan_first_and_skip_ones_outside_the_space():
 
     assert space.seed_trials(fused, templates=False) == [seeds[0]]  # the stored best alone: no templates
     assert space.seed_trials(None, templates=False) == []
+    # every seed is compared side by side with a wider gate (CandidateLog.run); nothing else is
+    assert all(PlanSpace.hand_picked(label) for _, label in seeds)
+    assert not [label for label in ("unfused", "default", "tuned", "mutation", "seeded") if PlanSpace.hand_picked(label)]
 
 
 def test_a_study_without_seed_templates_starts_from_the_baselines_alone(tmp_path):
