@@ -48,6 +48,7 @@ the reason; no TVM exception escapes.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -413,7 +414,7 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
         # reverse_compute_at widens the region to a side producer's (e.g. a broadcast
         # statistic at root) and the block would read anchor values not yet computed.
         producers = {sch.get(b).name_hint for b in sch.get_producers(sch.get_sblock(name))}
-        if loop is not None and producers and producers <= placed:
+        if loop is not None and producers and producers <= placed and not _splits_reduction(sch, name, loop):
             placed.add(name)
             sch.reverse_compute_at(name, loop)
             own = _loops_below(sch, name, loop)
@@ -434,6 +435,54 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
         _pack_weight(sch, kernel, anchor, k)
     if blocks or r_outer or r_inner:
         sch.decompose_reduction(anchor, (blocks or r_outer or r_inner)[0])
+    racy = [realize.block.name_hint for realize, loops in _realizes(sch.mod[kernel].body)
+            if _reduces_over(realize, [l.loop_var for l in loops if l.kind == tirx.ForKind.PARALLEL])]
+    if racy:  # a safety net: no schedule above should make one
+        raise ScheduleRejected(f"block {racy[0]} would sum over a parallel loop (a data race)")
+
+
+def _realizes(stmt: Any, loops: tuple[Any, ...] = ()) -> Iterator[tuple[Any, tuple[Any, ...]]]:
+    """Every block realize under ``stmt``, with the loops (``tirx.For``) around it, outermost first."""
+    if isinstance(stmt, s_tir.SBlockRealize):
+        yield stmt, loops
+        yield from _realizes(stmt.block.body, loops)
+    elif isinstance(stmt, tirx.For):
+        yield from _realizes(stmt.body, loops + (stmt,))
+    elif isinstance(stmt, tirx.SeqStmt):
+        for child in stmt.seq:
+            yield from _realizes(child, loops)
+    elif isinstance(stmt, tirx.IfThenElse):
+        yield from _realizes(stmt.then_case, loops)
+        if stmt.else_case is not None:
+            yield from _realizes(stmt.else_case, loops)
+    elif hasattr(stmt, "body"):  # attributes, lets, allocations
+        yield from _realizes(stmt.body, loops)
+
+
+def _reduces_over(realize: Any, loop_vars: list[Any]) -> bool:
+    """Whether one of the block's reduction iterators is bound to one of ``loop_vars``."""
+    return any(int(iv.iter_type) == 2 and any(v.same_as(w) for v in tirx.analysis.undefined_vars(value)
+                                              for w in loop_vars)
+               for iv, value in zip(realize.block.iter_vars, realize.iter_values))
+
+
+def _splits_reduction(sch: s_tir.Schedule, name: str, loop: Any) -> bool:
+    """Whether moving reduction block ``name`` under the tile ``loop`` (reverse_compute_at)
+    would bind one of its reduction iterators to that loop or one outside it: each tile would
+    add part of every sum, and tiles in parallel race on them.  A Winograd inverse transform
+    (summed over the anchor's first axis) placed so gave wrong results in some runs on two
+    threads (NOTES 39).  Such an epilogue keeps its own loop nest at root."""
+    if not any(int(iv.iter_type) == 2 for iv in sch.get(sch.get_sblock(name)).iter_vars):
+        return False
+    probe = sch.copy()
+    try:
+        probe.reverse_compute_at(name, loop)
+    except Exception:  # TVM refuses the move: compute_at fails the same way below, as before
+        return False
+    shared = probe.get(loop)
+    loops = [probe.get(l) for l in probe.get_loops(name)]
+    outer = [l.loop_var for l in loops[: next(i for i, l in enumerate(loops) if l.same_as(shared)) + 1]]
+    return any(_reduces_over(realize, outer) for realize, _ in _realizes(shared) if realize.block.name_hint == name)
 
 
 def _accumulate_locally(sch: s_tir.Schedule, anchor: Any, tile_loop: Any, axis: int) -> str:

@@ -403,3 +403,60 @@ def test_seeds_fitted_to_a_small_register_file_build_and_compute_the_reference(s
         plan = ps.suggest(optuna.trial.FixedTrial(sse[label]))[0]
         res = evaluate_plan(w, plan, LLVM, QUICK)
         assert res["status"] == OK and res["correct"], (label, res)
+
+
+def _matmul_then_column_sums():
+    """A workload of one op: y = x @ w, then every column of y summed (a reduction over the
+    GEMM's rows, the anchor's first axis), the shape of a Winograd inverse transform."""
+    import numpy as np
+    from tvm import relax, te
+
+    from autofuse.space import Space, Tensor
+    from autofuse.workload import Workload
+
+    def compute(x, w):
+        k = te.reduce_axis((0, 32), "k")
+        y = te.compute((32, 16), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="y")
+        i = te.reduce_axis((0, 32), "i")
+        return te.compute((16,), lambda j: te.sum(y[i, j], axis=i), name="colsum")
+
+    def forward(x, w):
+        return relax.BlockBuilder.current().call_te(compute, x, w, primfunc_name_hint="matmul_colsum")
+
+    space = Space("colsum", (Tensor("x", (32, 32)),), (Tensor("w", (32, 16)),), forward,
+                  lambda x, w: (x.astype(np.float64) @ w).sum(axis=0))
+    return Workload(space)
+
+
+def test_an_epilogue_summing_over_the_tile_loops_stays_at_root_and_computes_the_reference():
+    """Moved under the GEMM's row tiles, the column sums would be added tile by tile, and by
+    two threads at once when the tiles run in parallel: a Winograd probe gave wrong results in
+    some runs (NOTES 39).  Such an epilogue keeps its own loop nest; every placement is right."""
+    from autofuse.build import schedule_module
+    from autofuse.schedule import _realizes
+
+    w = _matmul_then_column_sums()
+    for knobs in ({"epilogue_at": 0, "parallel": 1, "t0": 4}, {"epilogue_at": 1, "parallel": 2, "t0": 4, "t1": 8},
+                  {"epilogue_at": 0, "parallel": 0}):
+        plan = w.partition_plan(((0,),), True, "colsum", [knobs])
+        mod = schedule_module(w.graph(True), plan, LLVM)
+        kernel = next(f for gv, f in mod.functions.items() if "colsum" in gv.name_hint)
+        loops_of = {r.block.name_hint: loops for r, loops in _realizes(kernel.body)}
+        gemm_loops = [l for name, loops in loops_of.items() if name.startswith("y") for l in loops]
+        assert gemm_loops and not [l for l in loops_of["colsum"] if any(l.same_as(g) for g in gemm_loops)], knobs
+        for _ in range(3):  # a race shows in some runs only
+            res = evaluate_plan(w, plan, LLVM, QUICK)
+            assert res["status"] == OK and res["correct"], (knobs, res)
+
+
+def test_a_schedule_that_sums_over_a_parallel_loop_is_rejected(monkeypatch):
+    """The safety net under the placement rule: with the rule off, the same plan is refused
+    with its reason, not built into a kernel that is right only on one thread."""
+    from autofuse import schedule
+    from autofuse.build import schedule_module
+
+    w = _matmul_then_column_sums()
+    monkeypatch.setattr(schedule, "_splits_reduction", lambda *_: False)
+    plan = w.partition_plan(((0,),), True, "colsum", [{"epilogue_at": 0, "parallel": 1, "t0": 4}])
+    with pytest.raises(ScheduleRejected, match="sum over a parallel loop"):
+        schedule_module(w.graph(True), plan, LLVM)
