@@ -400,8 +400,9 @@ class CandidateLog:
       after the job's configured limit, which stays the upper bound;
     - the best time: a candidate ``CUTOFF_FACTOR`` times slower is timed once, not
       repeated (it cannot become the best);
-    - the best plan: a candidate timed below the best is timed again side by side with
-      it before it takes its place (:meth:`confirm`).
+    - the best plan: a candidate timed below the best (a seed template: up to
+      ``HAND_PICKED_GATE`` times above) is timed again side by side with it before it
+      takes its place (:meth:`confirm`).
     """
 
     results: dict[str, dict[str, Any]] = field(default_factory=dict)

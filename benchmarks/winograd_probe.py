@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import sys
+from typing import Any
 
 from tvm import relax, te
 from tvm.relax.transform.legalize_ops.nn import _nn_conv2d
@@ -106,6 +107,64 @@ def search(w: Workload, start: Plan, target, trials: int) -> Plan:
     return best
 
 
+def hand_schedule(graph: Any, plan: Plan, target: Any) -> Any:
+    """A Winograd schedule written for F(2x2, 3x3) on AVX2, not searched: the transforms'
+    small loops unrolled (their matrices are Select chains of the loop indices, which
+    LLVM folds to constants only when unrolled) and vectorized over the tiles; the batched
+    GEMM register-tiled 4 output channels x 16 tiles; the BN/ReLU epilogue inlined into one
+    output loop.  Only a probe of what a dedicated schedule could reach."""
+    from tvm import s_tir
+
+    from autofuse.build import outline, partition_of
+
+    fused = outline(graph, partition_of(graph, plan))
+    sch = s_tir.Schedule(fused.mod)
+    kernel = next(k for k in fused.kernels if "winograd" in k)
+    sch.work_on(kernel)
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    for name in names:  # padding, tile gather and the transform matrices into their readers
+        if name in ("data_pad", "input_tile", "A", "B"):
+            sch.compute_inline(name)
+    out = names[-1]
+    for name in names[names.index("inverse") + 1:-1]:  # the output gather and BN ops into the ReLU
+        sch.compute_inline(name)
+    # data_pack[eps, nu, ci, p]: per (ci, 16 tiles), all 4 x 4 outputs from the 4 x 4 inputs
+    dp = sch.get_sblock("data_pack")
+    eps, nu, ci, p, ra, rb = sch.get_loops(dp)
+    po, pi = sch.split(p, [None, 16])
+    sch.reorder(ci, po, eps, nu, ra, rb, pi)
+    sch.parallel(ci)
+    for loop in (eps, nu, ra, rb):
+        sch.unroll(loop)
+    sch.vectorize(pi)
+    sch.decompose_reduction(dp, ra)
+    # bgemm[eps, nu, co, p] = sum_ci data_pack[eps, nu, ci, p] * kernel_pack[eps, nu, ci, co]
+    bg = sch.get_sblock("bgemm")
+    eps, nu, co, p, ci = sch.get_loops(bg)
+    co_o, co_i = sch.split(co, [None, 4])
+    p_o, p_i = sch.split(p, [None, 16])
+    sch.reorder(eps, nu, co_o, p_o, ci, co_i, p_i)
+    sch.parallel(sch.fuse(eps, nu))
+    sch.unroll(co_i)
+    sch.vectorize(p_i)
+    sch.decompose_reduction(bg, ci)
+    # inverse[co, p, vh, vw] from bgemm[.., co, p]: per (co, 16 tiles), unrolled
+    inv = sch.get_sblock("inverse")
+    co, p, vh, vw, ra, rb = sch.get_loops(inv)
+    po, pi = sch.split(p, [None, 16])
+    sch.reorder(co, po, vh, vw, ra, rb, pi)
+    sch.parallel(co)
+    for loop in (vh, vw, ra, rb):
+        sch.unroll(loop)
+    sch.vectorize(pi)
+    sch.decompose_reduction(inv, ra)
+    # the output, BN and ReLU inlined: parallel over channels, vectorized along rows
+    loops = sch.get_loops(sch.get_sblock(out))
+    sch.parallel(sch.fuse(*loops[:2]))
+    sch.vectorize(sch.split(loops[-1], [None, 8])[1])
+    return sch.mod
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("space")
@@ -114,6 +173,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--knobs", default="{}", help="JSON knob overrides for every Winograd group")
     ap.add_argument("--search", type=int, default=0, help="first tune the Winograd graph for this many TPE trials")
+    ap.add_argument("--hand", action="store_true", help="time hand_schedule (F(2x2) only) instead of a plan's")
     args = ap.parse_args()
     target = parse_target("llvm")
     direct_w = get_workload(args.space)
@@ -126,6 +186,12 @@ def main() -> None:
     wino = wino_w.partition_plan(part, True, "winograd", [dict(overrides) for _ in part])
     if args.search:
         wino = search(wino_w, wino, target, args.search)
+    if args.hand:
+        import autofuse.build
+
+        generic = autofuse.build.schedule_module
+        autofuse.build.schedule_module = lambda g, p, t: hand_schedule(g, p, t) if g is wino_w.graph(True) \
+            else generic(g, p, t)
     print("winograd plan groups:", wino.groups, file=sys.stderr)
     cfg = TimingConfig(repeats=5, min_repeat_ms=50)
     times: dict[str, list[float]] = {"direct": [], "winograd": []}
