@@ -426,8 +426,9 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
                 row.append(random_cell(r.get("search_vs_random")))
             t.add_row(*row)
         console.print(t)
-        geo = report["geomean_speedup_of_autofuse"]
-        console.print("geomean speedup of autofuse: " + ", ".join(f"{k} {v:.2f}×" for k, v in geo.items() if k != "autofuse"))
+        peers = [f"{k} {v:.2f}×" for k, v in report["geomean_speedup_of_autofuse"].items() if k != "autofuse"]
+        if peers:  # none when autofuse ran alone (--columns autofuse)
+            console.print("geomean speedup of autofuse: " + ", ".join(peers))
         console.print(f"peaks: {report['peaks']['peak_gflops']:.0f} GFLOP/s ({report['peaks']['peak_source']} SGEMM 2048³), "
                       f"{report['peaks']['bandwidth_gbs']:.1f} GB/s (copy); JSON {report['json']}; charts {', '.join(report['charts'])}")
 

@@ -410,3 +410,22 @@ def test_geomeans_keep_plain_and_seeded_random_search_apart():
     assert plain == {"tvm-metaschedule": pytest.approx(2.0), "random-search": pytest.approx(2.0)}
     old = geomeans([{"ratios_vs_autofuse": {"random-search": 3.0}}])  # no mark: seeded, the only kind
     assert old == {"random-search": pytest.approx(3.0)}
+
+
+def test_a_report_of_autofuse_alone_has_no_empty_geomean_line():
+    """`--columns autofuse` measures no peer: the table says nothing about geomeans then
+    (it printed "Geometric mean over spaces: ." before)."""
+    from autofuse.bench.report import markdown_report
+
+    peaks = {"peak_gflops": 150.0, "bandwidth_gbs": 30.0, "peak_source": "numpy"}
+    space = {"space": "ew_chain", "columns": {"autofuse": {"name": "autofuse", "correct": True, "median_ms": 2.0,
+                                                           "spread_ms": 0.1, "samples": 3, "note": "plan abc"}},
+             "roofline_ms": 1.8, "autofuse_over_roofline": 1.11, "autofuse_job": {"trials_this_job": 5, "measured": 4}}
+    report = {"date": "2026-12-03", "threads": 2, "tvm_version": "0.27", "budget_s": 600, "rounds": 5, "repeats": 3,
+              "peaks": peaks, "spaces": [space], "geomean_speedup_of_autofuse": {"autofuse": 1.0}}
+    md = markdown_report(report)
+    assert "| ew_chain | 2.000" in md and "Geometric mean" not in md
+    report["spaces"][0]["columns"]["numpy"] = {"name": "numpy", "correct": True, "median_ms": 8.0, "spread_ms": 1.0,
+                                               "samples": 3}
+    report["geomean_speedup_of_autofuse"]["numpy"] = 4.0
+    assert "Geometric mean over spaces: numpy 4.00x." in markdown_report(report)

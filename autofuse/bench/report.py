@@ -107,10 +107,11 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
         if vs_random:
             row.append(random_cell(r.get("search_vs_random")))
         lines.append("| " + " | ".join(row) + " |")
-    geo = report.get("geomean_speedup_of_autofuse", {})
-    lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
-              + ", ".join(f"{k} {v:.2f}x" for k, v in geo.items() if k != "autofuse") + ".",
-              "", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
+    peers = [f"{k} {v:.2f}x" for k, v in report.get("geomean_speedup_of_autofuse", {}).items() if k != "autofuse"]
+    if peers:  # none when autofuse ran alone (--columns autofuse)
+        lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
+                  + ", ".join(peers) + "."]
+    lines += ["", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
               "returned (the job's final re-measurement, for a tenth of that time, over the plans found by "
