@@ -131,13 +131,7 @@ def hand_schedule(graph: Any, plan: Plan, target: Any) -> Any:
     # data_pack[eps, nu, ci, p]: per (ci, 16 tiles), all 4 x 4 outputs from the 4 x 4 inputs
     dp = sch.get_sblock("data_pack")
     eps, nu, ci, p, ra, rb = sch.get_loops(dp)
-    po, pi = sch.split(p, [None, 16])
-    sch.reorder(ci, po, eps, nu, ra, rb, pi)
-    sch.parallel(ci)
-    for loop in (eps, nu, ra, rb):
-        sch.unroll(loop)
-    sch.vectorize(pi)
-    sch.decompose_reduction(dp, ra)
+    _unrolled_transform(sch, dp, ci, p, (eps, nu), (ra, rb))
     # bgemm[eps, nu, co, p] = sum_ci data_pack[eps, nu, ci, p] * kernel_pack[eps, nu, ci, co]
     bg = sch.get_sblock("bgemm")
     eps, nu, co, p, ci = sch.get_loops(bg)
@@ -151,18 +145,24 @@ def hand_schedule(graph: Any, plan: Plan, target: Any) -> Any:
     # inverse[co, p, vh, vw] from bgemm[.., co, p]: per (co, 16 tiles), unrolled
     inv = sch.get_sblock("inverse")
     co, p, vh, vw, ra, rb = sch.get_loops(inv)
-    po, pi = sch.split(p, [None, 16])
-    sch.reorder(co, po, vh, vw, ra, rb, pi)
-    sch.parallel(co)
-    for loop in (vh, vw, ra, rb):
-        sch.unroll(loop)
-    sch.vectorize(pi)
-    sch.decompose_reduction(inv, ra)
+    _unrolled_transform(sch, inv, co, p, (vh, vw), (ra, rb))
     # the output, BN and ReLU inlined: parallel over channels, vectorized along rows
     loops = sch.get_loops(sch.get_sblock(out))
     sch.parallel(sch.fuse(*loops[:2]))
     sch.vectorize(sch.split(loops[-1], [None, 8])[1])
     return sch.mod
+
+
+def _unrolled_transform(sch: Any, block: Any, channel: Any, tiles: Any, small: tuple, reduced: tuple) -> None:
+    """A transform block run per (channel, 16 tiles) in parallel over channels: its small
+    output and reduction loops unrolled (constant matrix entries), the 16 tiles one vector."""
+    outer, lanes = sch.split(tiles, [None, 16])
+    sch.reorder(channel, outer, *small, *reduced, lanes)
+    sch.parallel(channel)
+    for loop in (*small, *reduced):
+        sch.unroll(loop)
+    sch.vectorize(lanes)
+    sch.decompose_reduction(block, reduced[0])
 
 
 def main() -> None:
