@@ -1,13 +1,16 @@
 """Probe: would a Winograd convolution, scheduled by autofuse's generic scheduler, beat the
 best direct convolution autofuse found?  (Issue 4's onnxruntime target on conv_bn_relu and
-resnet_block; NOTES 38.)
+resnet_block; NOTES 39: no, 0.18-0.37x of its speed.)
 
 The conv2d of a space is legalized as Winograd F(m x m, 3 x 3) (topi's NCHW compute, the
 weight transformed once at build time by FoldConstant); the rest of the graph as usual.
-Plans on that graph are built, checked against NumPy and timed, interleaved with a direct
-plan (a plan JSON file, e.g. ``autofuse best conv_bn_relu --db ... > best.json``).
+A plan on that graph (default knobs, ``--knobs``, the best of a ``--search``, or
+``--hand``'s hand-written schedule) is built, checked against NumPy and timed, interleaved
+with a direct plan (a plan JSON file, e.g.
+``autofuse best conv_bn_relu --target llvm --db sqlite:///results/bench/bench.db > best.json``).
 
-    TVM_NUM_THREADS=2 python benchmarks/winograd_probe.py conv_bn_relu best.json [--tile 4] [--rounds 5]
+    TVM_NUM_THREADS=2 python benchmarks/winograd_probe.py conv_bn_relu best.json [--tile 4] [--rounds 5] \
+        [--search 60 | --hand]
 """
 
 from __future__ import annotations
