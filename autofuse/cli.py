@@ -372,7 +372,7 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     """autofuse's best plan vs unfused, TVM (default, MetaSchedule), onnxruntime, NumPy and the roofline."""
     from pathlib import Path
 
-    from autofuse.bench import COLUMNS, cell, random_cell, report_columns, run_bench
+    from autofuse.bench import COLUMNS, cell, peer_geomeans, random_cell, report_columns, run_bench
     from autofuse.job import parse_duration
     from autofuse.space import space_names
     from autofuse.target import parse_target
@@ -426,9 +426,8 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
                 row.append(random_cell(r.get("search_vs_random")))
             t.add_row(*row)
         console.print(t)
-        peers = [f"{k} {v:.2f}×" for k, v in report["geomean_speedup_of_autofuse"].items() if k != "autofuse"]
-        if peers:  # none when autofuse ran alone (--columns autofuse)
-            console.print("geomean speedup of autofuse: " + ", ".join(peers))
+        if peers := peer_geomeans(report):
+            console.print("geomean speedup of autofuse: " + ", ".join(f"{k} {v:.2f}×" for k, v in peers.items()))
         console.print(f"peaks: {report['peaks']['peak_gflops']:.0f} GFLOP/s ({report['peaks']['peak_source']} SGEMM 2048³), "
                       f"{report['peaks']['bandwidth_gbs']:.1f} GB/s (copy); JSON {report['json']}; charts {', '.join(report['charts'])}")
 

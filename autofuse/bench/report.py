@@ -65,6 +65,12 @@ def report_columns(report: dict[str, Any]) -> list[str]:
     return [c for c in COLUMNS if any(c in r["columns"] for r in report["spaces"])]
 
 
+def peer_geomeans(report: dict[str, Any]) -> dict[str, float]:
+    """Autofuse's geomean speedup over each peer column; empty when autofuse ran alone
+    (``--columns autofuse``), and then the table and the CLI say nothing about geomeans."""
+    return {k: v for k, v in report.get("geomean_speedup_of_autofuse", {}).items() if k != "autofuse"}
+
+
 def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The runs that measured the report's spaces (one, for a report from before ``--append``)."""
     return report.get("runs") or [{"date": report["date"], "spaces": [r["space"] for r in report["spaces"]],
@@ -107,10 +113,9 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
         if vs_random:
             row.append(random_cell(r.get("search_vs_random")))
         lines.append("| " + " | ".join(row) + " |")
-    peers = [f"{k} {v:.2f}x" for k, v in report.get("geomean_speedup_of_autofuse", {}).items() if k != "autofuse"]
-    if peers:  # none when autofuse ran alone (--columns autofuse)
+    if peers := peer_geomeans(report):
         lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
-                  + ", ".join(peers) + "."]
+                  + ", ".join(f"{k} {v:.2f}x" for k, v in peers.items()) + "."]
     lines += ["", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
