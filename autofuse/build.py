@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import relax, s_tir
 
 from autofuse import fast_math as af_fast_math
+from autofuse import winograd
 from autofuse.graph import Graph
 from autofuse.partition import Partition, canonical, violations
 from autofuse.plan import Plan, PlanError
@@ -174,13 +175,15 @@ class GroupShape:
     epilogue: bool  # blocks after it
     side_reductions: bool  # reduction blocks other than the anchor (norm / softmax statistics)
     weight: bool  # the anchor reads a bound constant as a GEMM's weight (``pack_weight``)
+    winograd: bool  # the anchor is a convolution Winograd can compute (``winograd.eligible``)
 
 
 def group_shape(graph: Graph, group: tuple[int, ...]) -> GroupShape:
     nests = _group_nests(graph, group)
     a = anchor_index(nests)
     side = any(nest.has_reduction for i, (_, nest) in enumerate(nests) if i != a)
-    return GroupShape(a > 0, a < len(nests) - 1, side, _reads_constant_weight(graph, group))
+    return GroupShape(a > 0, a < len(nests) - 1, side, _reads_constant_weight(graph, group),
+                      a >= 0 and winograd.eligible(graph, anchor_op(graph, group)) is not None)
 
 
 def _anchor_block(graph: Graph, group: tuple[int, ...]) -> tuple[int, int]:
@@ -236,20 +239,24 @@ def schedule_module(graph: Graph, plan: Plan, target: Target) -> tvm.IRModule:
     """Outline the plan's partition and schedule every kernel; returns the Relax module to compile."""
     part = partition_of(graph, plan)
     by_first = {tuple(sorted(graph.index()[o] for o in g)): s for g, s in zip(plan.groups, plan.schedules)}
-    fused = outline(graph, part)
     if target.kind == "cuda":
-        return apply_cuda(fused.mod, target.tvm())
-    sch = s_tir.Schedule(fused.mod)
-    packed = False
+        return apply_cuda(outline(graph, part).mod, target.tvm())
+    knobs_of: dict[int, dict[str, Any]] = {}
     for gi, group in enumerate(part):
         anchor, nest = group_anchor(graph, group)
         if anchor < 0:
             if by_first[group]:
                 raise PlanError(f"group {plan.groups[gi]} is an opaque kernel and takes no schedule knobs")
             continue
-        knobs = resolve_knobs(nest, by_first[group])
-        apply_cpu(sch, fused.kernels[gi], anchor, knobs)
-        packed |= knobs["pack_weight"]
+        knobs_of[gi] = resolve_knobs(nest, by_first[group])
+    # a convolution computed by Winograd is another PrimFunc (and weight) in the same place
+    algorithms = {anchor_op(graph, part[gi]): k["winograd"] for gi, k in knobs_of.items() if k["winograd"]}
+    fused = outline(winograd.substitute(graph, algorithms), part)
+    sch = s_tir.Schedule(fused.mod)
+    packed = False
+    for gi, knobs in knobs_of.items():
+        apply_cpu(sch, fused.kernels[gi], group_anchor(graph, part[gi])[0], knobs)
+        packed |= knobs["pack_weight"] and not knobs["winograd"]
     return prepack_weights(sch.mod) if packed else sch.mod
 
 

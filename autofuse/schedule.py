@@ -37,6 +37,11 @@ the anchor's loop nest and say where every other block of the group goes:
   strip is one contiguous stream instead of one cache line per row of B, rows a page apart
   that share a handful of cache sets.  The repacking runs once, at build time, on the constant
   (``SplitLayoutRewritePreproc`` + ``FoldConstant``).
+- ``winograd``: compute the group's 3x3 convolution as Winograd F(m x m, 3 x 3) with output
+  tiles of m = 2 or 4 (0 = direct), 2.25x / 4x fewer multiply-adds (``autofuse.winograd``;
+  offered where the convolution is stride 1, padding 1, of a constant weight).  Its schedule
+  is that algorithm's own; of the knobs above it keeps none, and ``wino_rows`` x ``wino_cols``
+  (tiles x output channels) is the register tile of its GEMMs.
 - ``reduce_vector``: the other reduction blocks of the group (layer-norm and softmax
   statistics, BN batch statistics) keep that many partial sums in one vector
   (``rfactor``), then add them up; 0 = one scalar accumulator (a serial chain of adds).
@@ -59,7 +64,10 @@ from autofuse.plan import PlanError
 
 BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue", "pack_weight")
 INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector", "outer_first", "k_block",
-             "vector_axis")
+             "vector_axis", "winograd", "wino_rows", "wino_cols")
+WINOGRAD_TILES = (2, 4)  # ``winograd``: output tile m of F(m x m, 3 x 3) (0 = direct)
+WINOGRAD_ROWS = tuple(range(1, 9))  # ``wino_rows`` x ``wino_cols``: the register tile of its GEMMs
+WINOGRAD_COLS = (8, 16, 32)
 K_BLOCKS = (64, 128, 256, 512)
 UNROLL_STEPS = (0, 16, 64, 256)
 REDUCE_VECTOR_WIDTHS = (0, 8, 16, 32, 64)
@@ -147,6 +155,7 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
         inline_producers=not nest.has_reduction,
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
         reduce_vector=16, outer_first=0, k_block=0, pack_weight=False, vector_axis=max(0, n - 1),
+        winograd=0, wino_rows=4, wino_cols=16,
     )
     if n >= 4 and nest.has_reduction and nest.spatial[2] >= 16:
         # NCHW convolution: image rows outermost and in parallel, padding (or a producer) made
@@ -156,7 +165,7 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
     return knobs
 
 
-SEED_TEMPLATES = ("registers", "inline", "wide", "packed", "wide-packed", "channels-vector")
+SEED_TEMPLATES = ("registers", "inline", "wide", "packed", "wide-packed", "channels-vector", "winograd")
 
 
 def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None = None) -> dict[str, Any]:
@@ -165,7 +174,9 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
     tile's columns (16 -> 32 accumulators per row); ``packed`` repacks a GEMM's constant
     weight (``pack_weight``; dropped where the group has none); ``wide-packed`` both;
     ``channels-vector`` makes a convolution's output channels its vector axis
-    (``vector_axis``), 16 at a time, with its weight packed to match; ``registers`` is the
+    (``vector_axis``), 16 at a time, with its weight packed to match; ``winograd`` computes a
+    3x3 convolution as Winograd F(4x4, 3x3) (dropped where the group's convolution cannot
+    be: ``autofuse.winograd.eligible``); ``registers`` is the
     default schedule alone.  The tiles are sized for AVX-512; with ``accumulator_floats``
     (``target.VectorUnit``) each register tile is shrunk to fit the target's registers,
     so ``registers`` differs from the default schedule only where that one does not fit
@@ -195,6 +206,8 @@ def _template(nest: LoopNest, template: str) -> dict[str, Any]:
         if _sums_input_channels(nest) and nest.spatial[1] % 8 == 0:
             return {"vector_axis": 1, "t1": _largest_divisor(nest.spatial[1], 16), "pack_weight": True}
         return {}
+    if template == "winograd":
+        return {"winograd": 4} if _sums_input_channels(nest) and nest.reduce[1:] == (3, 3) else {}
     raise ValueError(f"unknown seed template {template!r}")
 
 
@@ -220,13 +233,15 @@ def fit_register_tile(nest: LoopNest, overrides: dict[str, Any], accumulator_flo
 
 
 def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, producers: bool = True,
-               epilogue: bool = True, side_reductions: bool = True, weight: bool = False) -> dict[str, list[Any]]:
+               epilogue: bool = True, side_reductions: bool = True, weight: bool = False,
+               winograd: bool = False) -> dict[str, list[Any]]:
     """Candidate values of every knob for this loop nest (what the search samples).
 
     ``producers`` / ``epilogue`` / ``side_reductions``: whether the group has blocks
     before / after its anchor, and reduction blocks other than the anchor; knobs for
     blocks it does not have are left out of the space.  ``weight``: whether the anchor
-    reads a constant weight that ``pack_weight`` can repack.
+    reads a constant weight that ``pack_weight`` can repack.  ``winograd``: whether the
+    anchor is a convolution Winograd can compute (``autofuse.winograd.eligible``).
     """
     overrides = overrides or {}
     max_tile = int(overrides.get("max_tile", 64))
@@ -254,6 +269,10 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, produ
         space["reduce_vector"] = list(REDUCE_VECTOR_WIDTHS)
     if weight:
         space["pack_weight"] = [False, True]
+    if winograd:
+        space["winograd"] = [0, *WINOGRAD_TILES]
+        space["wino_rows"] = list(WINOGRAD_ROWS)
+        space["wino_cols"] = list(WINOGRAD_COLS)
     if n >= 4 and nest.has_reduction:
         space["vector_axis"] = [a for a in range(n) if nest.spatial[a] > 1 or a == n - 1]
     if nest.has_reduction and any(2 * b <= nest.reduce[0] for b in K_BLOCKS):
@@ -294,6 +313,12 @@ def resolve_knobs(nest: LoopNest, knobs: dict[str, Any]) -> dict[str, Any]:
         elif key == "k_block" and value and not (nest.has_reduction and value <= nest.reduce[0]):
             raise PlanError(f"k_block={value} needs a reduction loop of at least that length "
                             f"(reduction loops: {list(nest.reduce) or 'none'})")
+        elif key == "winograd" and value not in (0, *WINOGRAD_TILES):
+            raise PlanError(f"winograd={value} must be 0 (direct) or a tile size in {', '.join(map(str, WINOGRAD_TILES))}")
+        elif key == "wino_rows" and value not in WINOGRAD_ROWS:
+            raise PlanError(f"wino_rows={value} is out of range {WINOGRAD_ROWS[0]}..{WINOGRAD_ROWS[-1]}")
+        elif key == "wino_cols" and value not in WINOGRAD_COLS:
+            raise PlanError(f"wino_cols={value} must be one of {', '.join(map(str, WINOGRAD_COLS))}")
         elif key == "reduce_vector" and value not in REDUCE_VECTOR_WIDTHS:
             raise PlanError(f"reduce_vector={value} must be one of {', '.join(map(str, REDUCE_VECTOR_WIDTHS))}")
         full[key] = value
@@ -301,9 +326,16 @@ def resolve_knobs(nest: LoopNest, knobs: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_cpu(sch: s_tir.Schedule, kernel: str, anchor: int, knobs: dict[str, Any]) -> None:
-    """Schedule ``kernel`` in ``sch`` (in place). ``anchor`` indexes the root's child blocks."""
+    """Schedule ``kernel`` in ``sch`` (in place). ``anchor`` indexes the root's child blocks.
+    A group with ``winograd`` on holds a Winograd convolution (``build`` substituted it) and
+    gets that algorithm's schedule."""
     try:
-        _apply_cpu(sch, kernel, anchor, knobs)
+        if knobs["winograd"]:
+            from autofuse import winograd  # it reuses this module's helpers
+
+            winograd.schedule(sch, kernel, knobs["winograd"], knobs)
+        else:
+            _apply_cpu(sch, kernel, anchor, knobs)
     except ScheduleRejected:
         raise
     except Exception as e:  # TVM's ScheduleError and friends: this assignment is invalid

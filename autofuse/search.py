@@ -237,7 +237,8 @@ class PlanSpace:
             else:
                 shape = group_shape(g, group)
                 space = knob_space(nest, self.overrides, producers=shape.producers, epilogue=shape.epilogue,
-                                   side_reductions=shape.side_reductions, weight=shape.weight)
+                                   side_reductions=shape.side_reductions, weight=shape.weight,
+                                   winograd=shape.winograd)
                 self._group_spaces[key] = (anchor_op(g, group), nest, space)
         return self._group_spaces[key]
 
