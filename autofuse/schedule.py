@@ -593,14 +593,6 @@ def _pack_weight(sch: s_tir.Schedule, kernel: str, anchor: Any, k: dict[str, Any
     sch.annotate(copy, "meta_schedule.layout_rewrite_preproc", True)
 
 
-def _is_plain_copy(block: Any) -> bool:
-    """``out[i, j, ...] = in[i, j, ...]``: same indices, nothing computed."""
-    store = block.body
-    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tvm.ir.expr.TensorLoad):
-        return False
-    return tvm.ir.structural_equal(list(store.indices), list(store.value.indices))
-
-
 def _rfactor_side_reductions(sch: s_tir.Schedule, root: Any, anchor: str, width: int) -> list[str]:
     """Split the innermost reduction loop of every other reduction block by ``width`` and
     rfactor it: a ``<block>_rf`` block accumulates ``width`` independent partial sums (one
