@@ -12,12 +12,14 @@ and writes by m and ran 3-5x slower than a direct plan):
 
 - ``wino_pad``: the image padded once, channels blocked by 8 innermost (``[C/8, H', W', 8]``),
   so every tile read of the input transform is one contiguous vector of 8 channels;
-- ``wino_data``: the transformed tiles, ``V[e, p, c]`` (e: the (m+2)^2 transform points,
-  p: the tiles), channels innermost: the GEMMs' left operands, row-major;
-- ``wino_gemm``: ``M[e, p, k] = sum_c V[e, p, c] U[e, c, k]``, output channels innermost,
-  register-tiled ``wino_rows`` tiles x ``wino_cols`` channels like any GEMM;
-- ``wino_out``: the inverse transform, written NCHW; with the group's epilogue (BN, ReLU,
-  a residual add) inlined into it, run per tile and 8 output channels at a time.
+- ``wino_data``: the transformed tiles, ``V[e1, e2, p, c]`` ((e1, e2): the (m+2)^2 transform
+  points, p: the tiles), channels innermost: the GEMMs' left operands, row-major; its first
+  half, ``wino_data_rows`` (``B^T d``), is computed per tile just before it;
+- ``wino_gemm``: ``M[e1, e2, p, k] = sum_c V[e1, e2, p, c] U[e1 (m+2) + e2, c, k]``, output
+  channels innermost, register-tiled ``wino_rows`` tiles x ``wino_cols`` channels like any GEMM;
+- ``wino_out``: the inverse transform, written NCHW, its first half ``wino_out_rows``
+  (``A^T M``) computed per tile; with the group's epilogue (BN, ReLU, a residual add) inlined
+  into it, run per tile and 8 output channels at a time.
 
 The weight's transform ``U = G w G^T`` is computed once, in NumPy, when the plan is built
 (it is a constant: Winograd is offered only on the folded graph).  The transforms' sums
@@ -38,7 +40,7 @@ from autofuse.graph import Graph
 from autofuse.plan import PlanError
 
 LANES = 8  # channel block of the padded input and vector width of the transforms
-BLOCKS = ("wino_pad", "wino_data", "wino_gemm", "wino_out")
+BLOCKS = ("wino_pad", "wino_data_rows", "wino_data", "wino_gemm", "wino_out_rows", "wino_out")
 
 
 @dataclass(frozen=True)
@@ -151,28 +153,27 @@ def primfunc(conv: Conv, m: int) -> tirx.PrimFunc:
             tirx.all(i >= 1, i <= h_, j >= 1, j <= w_), x[b, cb * LANES + ci, i - 1, j - 1], zero),
         name="wino_pad")
 
-    def data(e: Any, p: Any, c: Any) -> Any:
+    def tile_of(p: Any) -> tuple[Any, Any, Any]:  # (image, first row, first column) of tile p
         b, t = p // (tiles_h * tiles_w), p % (tiles_h * tiles_w)
-        row, col = (t // tiles_w) * m, (t % tiles_w) * m
+        return b, (t // tiles_w) * m, (t % tiles_w) * m
 
-        def at(e1: int, e2: int) -> Any:  # (B^T d B)[e1, e2]
-            cols = [_combination(b_m[:, e1], [padded[b, c // LANES, row + r, col + s, c % LANES] for r in range(alpha)])
-                    for s in range(alpha)]
-            return _combination(b_m[:, e2], cols)
-        return _pick(e, alpha * alpha, lambda v: at(v // alpha, v % alpha))
+    def rows(e1: Any, s: Any, p: Any, c: Any) -> Any:  # (B^T d)[e1, s]: the rows transformed
+        b, row, col = tile_of(p)
+        return _pick(e1, alpha, lambda a: _combination(
+            b_m[:, a], [padded[b, c // LANES, row + r, col + s, c % LANES] for r in range(alpha)]))
 
-    v = te.compute(_i64(alpha * alpha, tiles, c_), data, name="wino_data")
+    half = te.compute(_i64(alpha, alpha, tiles, c_), rows, name="wino_data_rows")
+    v = te.compute(_i64(alpha, alpha, tiles, c_), lambda e1, e2, p, c: _pick(e2, alpha, lambda b: _combination(
+        b_m[:, b], [half[e1, s, p, c] for s in range(alpha)])), name="wino_data")  # (B^T d B)[e1, e2]
     rc = te.reduce_axis(_i64(0, c_), "rc")
-    mm = te.compute(_i64(alpha * alpha, tiles, k_), lambda e, p, k: te.sum(v[e, p, rc] * u[e, rc, k], axis=rc),
-                    name="wino_gemm")
+    mm = te.compute(_i64(alpha, alpha, tiles, k_),
+                    lambda e1, e2, p, k: te.sum(v[e1, e2, p, rc] * u[e1 * alpha + e2, rc, k], axis=rc), name="wino_gemm")
+    inverse_rows = te.compute(_i64(m, alpha, tiles, k_), lambda i, e2, p, k: _pick(i, m, lambda oi: _combination(
+        a_m[:, oi], [mm[e1, e2, p, k] for e1 in range(alpha)])), name="wino_out_rows")  # (A^T M)[i, e2]
 
-    def output(b: Any, k: Any, i: Any, j: Any) -> Any:
+    def output(b: Any, k: Any, i: Any, j: Any) -> Any:  # (A^T M A)[i % m, j % m] of the tile holding (i, j)
         p = b * tiles_h * tiles_w + (i // m) * tiles_w + j // m
-
-        def at(oi: int, oj: int) -> Any:  # (A^T M A)[oi, oj]
-            cols = [_combination(a_m[:, oi], [mm[e1 * alpha + e2, p, k] for e1 in range(alpha)]) for e2 in range(alpha)]
-            return _combination(a_m[:, oj], cols)
-        return _pick(i % m, m, lambda oi: _pick(j % m, m, lambda oj: at(oi, oj)))
+        return _pick(j % m, m, lambda oj: _combination(a_m[:, oj], [inverse_rows[i % m, e2, p, k] for e2 in range(alpha)]))
 
     y = te.compute(_i64(n_, k_, h_, w_), output, name="wino_out")
     return te.create_prim_func([x, u, y])
@@ -215,64 +216,70 @@ def substitute(graph: Graph, winograd_ops: dict[int, int]) -> Graph:
 def schedule(sch: s_tir.Schedule, kernel: str, m: int, knobs: dict[str, Any]) -> None:
     """Schedule a fused kernel holding the Winograd blocks (``BLOCKS``) and the group's other
     ops: producers inlined into the padding, the epilogue into the inverse transform; each
-    transform run per tile (all of its points unrolled) and 8 channels per vector; the
-    GEMMs register-tiled ``wino_rows`` x ``wino_cols`` with the transform points and row
-    tiles in parallel."""
+    transform run per tile and 8 channels per vector, in two unrolled halves (rows, then
+    columns: a few terms each, where one sum over the whole tile had LLVM and TVM's simplifier
+    spend seconds on every build); the GEMMs register-tiled ``wino_rows`` x ``wino_cols``,
+    the transform points and row tiles in parallel."""
     from autofuse.schedule import _root_schedule, _try  # the generic scheduler's helpers for leftovers
 
     sch.work_on(kernel)
     root = sch.get_sblock("root")
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
     outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
-    pad_at, out_at = names.index("wino_pad"), names.index("wino_out")
-    for name in reversed(names[:pad_at]):  # producers (a ReLU, a residual add) into the padding
+    for name in reversed(names[:names.index("wino_pad")]):  # producers (a ReLU, a residual add) into the padding
         if name not in outputs:
             _try(lambda: sch.compute_inline(name))
-    for name in names[out_at:]:  # the inverse transform and the epilogue into the group's output
+    for name in names[names.index("wino_out"):]:  # the inverse transform and the epilogue into the group's output
         if name not in outputs:
             _try(lambda: sch.compute_inline(name))
-
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
-    after_gemm = names[names.index("wino_gemm") + 1:]
-    block = sch.get_sblock("wino_pad")
-    loops = sch.get_loops(block)
+    final = next(n for n in names if any(r.source.name == "wino_out_rows" for r in sch.get(sch.get_sblock(n)).reads))
+    others = [n for n in names[names.index("wino_out_rows") + 1:] if n != final]
+
+    loops = sch.get_loops(sch.get_sblock("wino_pad"))
     sch.parallel(sch.fuse(*loops[:3]))
     sch.vectorize(loops[-1])
 
-    block = sch.get_sblock("wino_data")
-    e, p, c = sch.get_loops(block)
+    e1, e2, p, c = sch.get_loops(sch.get_sblock("wino_data"))
     c_o, c_i = sch.split(c, [None, LANES])
-    sch.reorder(p, c_o, e, c_i)
+    sch.reorder(p, c_o, e1, e2, c_i)
     sch.parallel(p)
-    sch.unroll(e)
-    sch.vectorize(c_i)
+    _unroll_transform(sch, "wino_data_rows", c_o, (e1, e2, c_i))
 
     block = sch.get_sblock("wino_gemm")
-    e, p, k, c = sch.get_loops(block)
+    e1, e2, p, k, c = sch.get_loops(block)
     p_o, p_i = sch.split(p, [None, knobs["wino_rows"]])
     k_o, k_i = sch.split(k, [None, min(knobs["wino_cols"], int(sch.get(k).extent))])
-    sch.reorder(e, p_o, k_o, c, p_i, k_i)
+    sch.reorder(e1, e2, p_o, k_o, c, p_i, k_i)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, k_o)
-    sch.parallel(sch.fuse(e, p_o))
+    sch.parallel(sch.fuse(e1, e2, p_o))
     sch.unroll(p_i)
     sch.vectorize(k_i)
     sch.decompose_reduction(block, c)
     sch.vectorize(sch.get_loops(acc)[-1])
 
-    for name in after_gemm:
-        block = sch.get_sblock(name)
-        loops = sch.get_loops(block)
-        reads_gemm = any(r.source.name == "wino_gemm" for r in sch.get(block).reads)
-        if reads_gemm and len(loops) == 4:  # the inverse (and its epilogue): per tile, 8 channels a vector
-            b, k, i, j = loops
-            t_i, o_i = sch.split(i, [None, m])
-            t_j, o_j = sch.split(j, [None, m])
-            k_o, k_i = sch.split(k, [None, LANES])
-            sch.reorder(b, t_i, k_o, t_j, o_i, o_j, k_i)
-            sch.parallel(sch.fuse(b, t_i))
-            sch.unroll(o_i)
-            sch.unroll(o_j)
-            sch.vectorize(k_i)
-        else:  # a second output of the group beside the convolution's
-            _root_schedule(sch, name, {**knobs, "parallel": 1, "vector": True})
+    b, k, i, j = sch.get_loops(sch.get_sblock(final))  # per tile, 8 output channels a vector
+    t_i, o_i = sch.split(i, [None, m])
+    t_j, o_j = sch.split(j, [None, m])
+    k_o, k_i = sch.split(k, [None, LANES])
+    sch.reorder(b, t_i, k_o, t_j, o_i, o_j, k_i)
+    sch.parallel(sch.fuse(b, t_i))
+    _unroll_transform(sch, "wino_out_rows", t_j, (o_i, o_j, k_i))
+    for name in others:  # a second output of the group beside the convolution's
+        _root_schedule(sch, name, {**knobs, "parallel": 1, "vector": True})
+
+
+def _unroll_transform(sch: s_tir.Schedule, first_half: str, loop: Any, second: tuple[Any, Any, Any]) -> None:
+    """The first half of a transform computed under ``loop`` of the second: both halves'
+    small loops unrolled (each Select of ``_pick`` then folds to its own sum), the
+    channels one vector."""
+    from autofuse.schedule import _loops_below
+
+    sch.compute_at(sch.get_sblock(first_half), loop)
+    *small, lanes = _loops_below(sch, first_half, loop)
+    for l in (*small, *second[:2]):
+        if int(sch.get(l).extent) > 1:
+            sch.unroll(l)
+    sch.vectorize(lanes)
+    sch.vectorize(second[2])

@@ -1,6 +1,8 @@
-"""Probe: would a Winograd convolution, scheduled by autofuse's generic scheduler, beat the
-best direct convolution autofuse found?  (Issue 4's onnxruntime target on conv_bn_relu and
-resnet_block; NOTES 39: no, 0.18-0.37x of its speed.)
+"""Probe: would a Winograd convolution in topi's NCHW layouts, scheduled by autofuse's generic
+scheduler, beat the best direct convolution autofuse found?  (Issue 4's onnxruntime target on
+conv_bn_relu and resnet_block; NOTES 39: no, 0.18-0.37x of its speed.)  Kept as the record of
+that negative result: the Winograd autofuse searches (the ``winograd`` knob) is
+``autofuse/winograd.py``, in layouts made for vectors (NOTES 40).
 
 The conv2d of a space is legalized as Winograd F(m x m, 3 x 3) (topi's NCHW compute, the
 weight transformed once at build time by FoldConstant); the rest of the graph as usual.
