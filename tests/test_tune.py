@@ -243,15 +243,17 @@ def test_seed_trials_repack_the_weight_where_there_is_one():
 
     space = PlanSpace(get_workload("gemm_bn", tiny=True))
     seeds = dict((label, params) for params, label in space.seed_trials())
-    for label in ("seed:packed", "seed:wide-packed", "seed:epilogue-apart:packed", "seed:epilogue-apart:wide-packed"):
+    for label in ("seed:packed", "seed:wide-packed", "seed:epilogue-apart:packed", "seed:epilogue-apart:wide-packed",
+                  "seed:packed-unrolled"):
         plan = space.suggest(optuna.trial.FixedTrial(seeds[label]))[0]
         assert plan.schedules[0].get("pack_weight") is True, (label, plan.schedules)
+    assert space.suggest(optuna.trial.FixedTrial(seeds["seed:packed-unrolled"]))[0].schedules[0]["r0"] == 4
     conv = PlanSpace(get_workload("conv_bn_relu", tiny=True))
     seeds = dict((label, params) for params, label in conv.seed_trials())
     plan = conv.suggest(optuna.trial.FixedTrial(seeds["seed:channels-vector"]))[0]
     assert {k: plan.schedules[0].get(k) for k in ("vector_axis", "t1", "pack_weight")} == \
         {"vector_axis": 1, "t1": 8, "pack_weight": True}
-    assert "seed:packed" in seeds
+    assert "seed:packed" in seeds and "seed:packed-unrolled" not in seeds  # a dense layer's template only
     attention = PlanSpace(get_workload("attention", tiny=True))
     assert not [label for _, label in attention.seed_trials() if "packed" in label or "channels" in label]
 
