@@ -429,3 +429,19 @@ def test_a_report_of_autofuse_alone_has_no_empty_geomean_line():
                                                "samples": 3}
     report["geomean_speedup_of_autofuse"]["numpy"] = 4.0
     assert "Geometric mean over spaces: numpy 4.00x." in markdown_report(report)
+
+
+def test_a_plan_faster_than_the_roofline_is_explained_under_the_table():
+    """A Winograd convolution computes fewer FLOPs than the graph as written: its plan can run
+    below the roofline, and the report says why instead of leaving a ratio below 1 unexplained."""
+    from autofuse.bench.report import markdown_report
+
+    peaks = {"peak_gflops": 150.0, "bandwidth_gbs": 30.0, "peak_source": "numpy"}
+    space = {"space": "conv_bn_relu", "columns": {"autofuse": {"name": "autofuse", "correct": True, "median_ms": 1.0,
+                                                               "spread_ms": 0.1, "samples": 3}},
+             "roofline_ms": 1.5, "autofuse_over_roofline": 0.67, "autofuse_job": {"trials_this_job": 5, "measured": 4}}
+    report = {"date": "2026-12-04", "threads": 2, "tvm_version": "0.27", "budget_s": 600, "rounds": 5, "repeats": 3,
+              "peaks": peaks, "spaces": [space], "geomean_speedup_of_autofuse": {"autofuse": 1.0}}
+    assert "roofline below 1x" in markdown_report(report)
+    space["autofuse_over_roofline"] = 1.2
+    assert "roofline below 1x" not in markdown_report(report)

@@ -116,6 +116,10 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
     if peers := peer_geomeans(report):
         lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in peers.items()) + "."]
+    if any((r.get("autofuse_over_roofline") or 1.0) < 1.0 for r in report["spaces"]):
+        lines += ["", "autofuse/roofline below 1x: the roofline counts the FLOPs of the graph as written (a "
+                  "convolution computed directly); a plan that computes the same function with fewer "
+                  "(a Winograd convolution, the `winograd` knob) can run below it."]
     lines += ["", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
