@@ -29,24 +29,20 @@ class GraphError(Exception):
     """The Relax module cannot be viewed as an autofuse graph (unsupported construct)."""
 
 
-_LEGALIZE = relax.transform.LegalizeOps()  # every op -> call_tir of a PrimFunc
 _PREPARE = [
     relax.backend.DispatchSortScan(),  # sort/scan/top-k (no LegalizeOps rule) -> opaque TIR kernels
     relax.transform.DecomposeOpsForInference(),  # batch_norm -> subtract/divide/multiply/add
     relax.transform.CanonicalizeBindings(),  # drops the batch_norm tuple so epilogues can fuse
     relax.transform.DeadCodeElimination(),
-    _LEGALIZE,
+    relax.transform.LegalizeOps(),  # every op -> call_tir of a PrimFunc
     relax.transform.AnnotateTIROpPattern(),  # op_pattern attr = fusion kind
 ]
 _FOLD = [relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()]
 
 
-def lower(mod: tvm.IRModule, fold: bool, legalize: dict[str, Any] | None = None) -> tvm.IRModule:
-    """Legalize and annotate; with ``fold`` also fold parameter-only subexpressions.
-    ``legalize``: Relax op name -> legalization replacing TVM's for that op (an experiment's
-    other lowering of an op, e.g. ``benchmarks/winograd_probe.py``)."""
-    passes = [relax.transform.LegalizeOps(legalize) if legalize and p is _LEGALIZE else p for p in _PREPARE]
-    passes += _FOLD if fold else [relax.transform.DeadCodeElimination()]
+def lower(mod: tvm.IRModule, fold: bool) -> tvm.IRModule:
+    """Legalize and annotate; with ``fold`` also fold parameter-only subexpressions."""
+    passes = _PREPARE + (_FOLD if fold else [relax.transform.DeadCodeElimination()])
     with tvm.target.Target({"kind": "llvm"}):  # DispatchSortScan picks kernels by target; the CPU ones
         return tvm.transform.Sequential(passes)(mod)
 
