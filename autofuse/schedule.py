@@ -338,7 +338,7 @@ def apply_cpu(sch: s_tir.Schedule, kernel: str, anchor: int, knobs: dict[str, An
     gets that algorithm's schedule."""
     try:
         if knobs["winograd"]:
-            from autofuse import winograd  # it reuses this module's helpers
+            from autofuse import winograd  # imported here: it imports this module for its steps
 
             winograd.schedule(sch, kernel, knobs["winograd"], knobs)
         else:
@@ -368,11 +368,11 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
 
     if k["inline_producers"]:
         for name in reversed(before):  # element-wise producers (padding, residual add) into their readers
-            _try(lambda: sch.compute_inline(name))
+            try_step(lambda: sch.compute_inline(name))
     if k["inline_epilogue"]:
         for name in after:  # intermediate epilogue blocks collapse into the last one
             if name not in outputs:
-                _try(lambda: sch.compute_inline(name))
+                try_step(lambda: sch.compute_inline(name))
     partial_sums = _rfactor_side_reductions(sch, root, anchor_name, k["reduce_vector"])
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]  # rfactor added blocks
     before, after = names[: names.index(anchor_name)], names[names.index(anchor_name) + 1 :]
@@ -456,18 +456,18 @@ def _apply_cpu(sch: s_tir.Schedule, kernel: str, anchor_idx: int, k: dict[str, A
         if loop is not None and producers and producers <= placed and not _splits_reduction(sch, name, loop):
             placed.add(name)
             sch.reverse_compute_at(name, loop)
-            own = _loops_below(sch, name, loop)
+            own = loops_below(sch, name, loop)
             if k["vector"] and own:  # never the shared tile loop itself
-                _try(lambda: _vectorize(sch, own[-1]))
+                try_step(lambda: _vectorize(sch, own[-1]))
         elif name not in partial_sums:
-            _root_schedule(sch, name, k)
+            schedule_at_root(sch, name, k)
     for name in reversed(before):
         loop = at(k["producer_at"])
         # A block that is not a producer of the tile (a horizontally fused sibling, an output of
         # the group, a side input of the epilogue) keeps its own loop nest at root.
-        if loop is None or name in outputs or not _try(lambda: sch.compute_at(name, loop)):
+        if loop is None or name in outputs or not try_step(lambda: sch.compute_at(name, loop)):
             if name not in partial_sums:
-                _root_schedule(sch, name, k)
+                schedule_at_root(sch, name, k)
     for name in partial_sums:
         _vectorize_partial_sums(sch, name, k)
     if k["pack_weight"]:
@@ -654,12 +654,12 @@ def _vectorize_partial_sums(sch: s_tir.Schedule, name: str, k: dict[str, Any]) -
     lane = loops[lane_idx]
     sch.reorder(*(spatial + reduce_loops + [lane]))
     if not shared and spatial and k["parallel"]:
-        _try(lambda: sch.parallel(spatial[0]))
+        try_step(lambda: sch.parallel(spatial[0]))
     sch.vectorize(lane)
     sch.decompose_reduction(block, reduce_loops[0])
 
 
-def _loops_below(sch: s_tir.Schedule, block: str, loop: Any) -> list[Any]:
+def loops_below(sch: s_tir.Schedule, block: str, loop: Any) -> list[Any]:
     """The block's own loops nested under ``loop`` (after compute-at)."""
     loops = sch.get_loops(block)
     target = sch.get(loop)
@@ -669,7 +669,7 @@ def _loops_below(sch: s_tir.Schedule, block: str, loop: Any) -> list[Any]:
     return []
 
 
-def _root_schedule(sch: s_tir.Schedule, name: str, k: dict[str, Any]) -> None:
+def schedule_at_root(sch: s_tir.Schedule, name: str, k: dict[str, Any]) -> None:
     """A block left at root: parallel outer spatial loops, vectorized inner loop."""
     block = sch.get_sblock(name)
     loops = sch.get_loops(block)
@@ -683,9 +683,9 @@ def _root_schedule(sch: s_tir.Schedule, name: str, k: dict[str, Any]) -> None:
     if len(lead) == len(loops) and len(loops) > 1:
         lead = lead[:-1]
     if k["parallel"] and lead:
-        _try(lambda: sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0]))
+        try_step(lambda: sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0]))
     if k["vector"] and int(iters[-1].iter_type) != 2 and len(loops) > len(lead):
-        _try(lambda: _vectorize(sch, sch.get_loops(name)[-1]))
+        try_step(lambda: _vectorize(sch, sch.get_loops(name)[-1]))
 
 
 def _vectorize(sch: s_tir.Schedule, loop: Any) -> None:
@@ -697,7 +697,7 @@ def _vectorize(sch: s_tir.Schedule, loop: Any) -> None:
     if ext > MAX_VECTOR_LANES:
         lanes = _vector_lanes(ext)
         if not lanes:
-            raise ScheduleRejected(f"no vector width divides {ext}")  # caught by _try: left scalar
+            raise ScheduleRejected(f"no vector width divides {ext}")  # caught by try_step: left scalar
         loop = sch.split(loop, [None, lanes])[1]
     sch.vectorize(loop)
 
@@ -709,7 +709,7 @@ def _vector_lanes(ext: int) -> int:
     return next((d for d in divisors if d % 16 == 0), divisors[0] if divisors else 0)
 
 
-def _try(step) -> bool:
+def try_step(step) -> bool:
     """Best-effort step (inlining, vectorizing a secondary block): skip if TVM says no."""
     try:
         step()

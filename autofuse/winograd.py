@@ -38,6 +38,7 @@ from tvm import relax, s_tir, te, tirx
 
 from autofuse.graph import Graph
 from autofuse.plan import PlanError
+from autofuse.schedule import loops_below, schedule_at_root, try_step  # the generic scheduler's steps
 
 LANES = 8  # channel block of the padded input and vector width of the transforms
 BLOCKS = ("wino_pad", "wino_data_rows", "wino_data", "wino_gemm", "wino_out_rows", "wino_out")
@@ -220,18 +221,16 @@ def schedule(sch: s_tir.Schedule, kernel: str, m: int, knobs: dict[str, Any]) ->
     columns: a few terms each, where one sum over the whole tile had LLVM and TVM's simplifier
     spend seconds on every build); the GEMMs register-tiled ``wino_rows`` x ``wino_cols``,
     the transform points and row tiles in parallel."""
-    from autofuse.schedule import _root_schedule, _try  # the generic scheduler's helpers for leftovers
-
     sch.work_on(kernel)
     root = sch.get_sblock("root")
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
     outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
     for name in reversed(names[:names.index("wino_pad")]):  # producers (a ReLU, a residual add) into the padding
         if name not in outputs:
-            _try(lambda: sch.compute_inline(name))
+            try_step(lambda: sch.compute_inline(name))
     for name in names[names.index("wino_out"):]:  # the inverse transform and the epilogue into the group's output
         if name not in outputs:
-            _try(lambda: sch.compute_inline(name))
+            try_step(lambda: sch.compute_inline(name))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
     final = next(n for n in names if any(r.source.name == "wino_out_rows" for r in sch.get(sch.get_sblock(n)).reads))
     others = [n for n in names[names.index("wino_out_rows") + 1:] if n != final]
@@ -267,17 +266,15 @@ def schedule(sch: s_tir.Schedule, kernel: str, m: int, knobs: dict[str, Any]) ->
     sch.parallel(sch.fuse(b, t_i))
     _unroll_transform(sch, "wino_out_rows", t_j, (o_i, o_j, k_i))
     for name in others:  # a second output of the group beside the convolution's
-        _root_schedule(sch, name, {**knobs, "parallel": 1, "vector": True})
+        schedule_at_root(sch, name, {**knobs, "parallel": 1, "vector": True})
 
 
 def _unroll_transform(sch: s_tir.Schedule, first_half: str, loop: Any, second: tuple[Any, Any, Any]) -> None:
     """The first half of a transform computed under ``loop`` of the second: both halves'
     small loops unrolled (each Select of ``_pick`` then folds to its own sum), the
     channels one vector."""
-    from autofuse.schedule import _loops_below
-
     sch.compute_at(sch.get_sblock(first_half), loop)
-    *small, lanes = _loops_below(sch, first_half, loop)
+    *small, lanes = loops_below(sch, first_half, loop)
     for l in (*small, *second[:2]):
         if int(sch.get(l).extent) > 1:
             sch.unroll(l)
