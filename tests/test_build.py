@@ -382,6 +382,10 @@ def test_register_tiles_on_avx2_and_avx512():
     assert seed_schedule(GEMM, "wide-packed", 64) == {"t1": 32, "pack_weight": True, "t0": 2}
     assert seed_schedule(CONV, "channels-vector", 64) == {"vector_axis": 1, "t1": 16, "pack_weight": True, "t3": 4}
     assert seed_schedule(CONV, "registers", 64) == {"t1": 4}
+    assert seed_schedule(GEMM, "tall", 256) == {"t0": 16}  # 16 x 16: half of AVX-512's registers
+    assert seed_schedule(CONV, "tall", 256) == {"t2": 2}  # 8 channels x 2 image rows x 16 columns
+    assert seed_schedule(CONV, "tall", 64) == {"t2": 2, "t1": 2}  # AVX2: the channels give way
+    assert seed_schedule(LoopNest((8, 30), (7,)), "tall") == {}  # 8 rows: no taller divisor of 8
     for template in ("registers", "wide-packed", "channels-vector", "inline"):
         for nest in (GEMM, CONV):
             assert seed_schedule(nest, template, 256) == seed_schedule(nest, template)

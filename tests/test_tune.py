@@ -258,6 +258,31 @@ def test_seed_trials_repack_the_weight_where_there_is_one():
     assert not [label for _, label in attention.seed_trials() if "packed" in label or "channels" in label]
 
 
+def test_tall_seed_doubles_the_pointwise_convolutions_rows_and_computes_the_reference():
+    """mobilenet_block's pointwise convolution cannot widen its 16 columns (the image is 112
+    wide): the ``tall`` seed gives it two image rows under its 8 output channels instead."""
+    from autofuse.build import group_anchor, partition_of
+    from autofuse.measure import TimingConfig
+    from autofuse.runner import evaluate_plan
+    from autofuse.schedule import default_knobs
+    from autofuse.search import PlanSpace
+    from autofuse.target import parse_target
+    from autofuse.workload import get_workload
+
+    w = get_workload("mobilenet_block", tiny=True)
+    space = PlanSpace(w)
+    seeds = dict((label, params) for params, label in space.seed_trials())
+    plan = space.suggest(optuna.trial.FixedTrial(seeds["seed:tall"]))[0]
+    g = w.graph(True)
+    nests = [group_anchor(g, group)[1] for group in partition_of(g, plan)]
+    pointwise = [i for i, nest in enumerate(nests) if nest.reduce == (8, 1, 1)]  # 8 input channels, 1x1
+    assert len(pointwise) == 1
+    i = pointwise[0]
+    assert default_knobs(nests[i])["t2"] == 1 and plan.schedules[i]["t2"] == 2
+    res = evaluate_plan(w, plan, parse_target("llvm"), TimingConfig(repeats=1, min_repeat_ms=1, warmup=0))
+    assert res["correct"], res
+
+
 def test_seed_trials_put_a_stored_plan_first_and_skip_ones_outside_the_space():
     from autofuse.search import PlanSpace
     from autofuse.workload import get_workload
