@@ -176,7 +176,8 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
     GEMM's 8 -> 16 rows, a convolution's 1 -> 2 image rows under its 8 output channels),
     which fills half of AVX-512's registers where the columns cannot widen (mobilenet_block's
     pointwise convolution, 112 columns: 9% over the default side by side, reached only
-    after 3 minutes of mutations, NOTES 41); ``packed`` repacks a GEMM's constant
+    after 3 minutes of mutations, NOTES 41); not for a depthwise convolution, whose rows
+    share no input loads and which it made 11% slower; ``packed`` repacks a GEMM's constant
     weight (``pack_weight``; dropped where the group has none); ``wide-packed`` both;
     ``packed-unrolled`` repacks a dense layer's (a 2-D GEMM's) weight and steps its
     reduction 4 at a time (``r0``; gemm_bn's best plans, 6% over ``packed`` side by side,
@@ -207,7 +208,8 @@ def _template(nest: LoopNest, template: str) -> dict[str, Any]:
         return {}
     if template == "tall":
         n = len(nest.spatial)
-        if n < 2 or not nest.has_reduction:
+        gemm = 2 <= n <= 3 and nest.has_reduction
+        if not (gemm or _sums_input_channels(nest)):  # a depthwise conv's rows share no loads: 11% slower
             return {}
         rows = default_knobs(nest)[f"t{n - 2}"]
         tile = _largest_divisor(nest.spatial[n - 2], 2 * rows)

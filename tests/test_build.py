@@ -386,6 +386,7 @@ def test_register_tiles_on_avx2_and_avx512():
     assert seed_schedule(CONV, "tall", 256) == {"t2": 2}  # 8 channels x 2 image rows x 16 columns
     assert seed_schedule(CONV, "tall", 64) == {"t2": 2, "t1": 2}  # AVX2: the channels give way
     assert seed_schedule(LoopNest((8, 30), (7,)), "tall") == {}  # 8 rows: no taller divisor of 8
+    assert seed_schedule(LoopNest((1, 32, 112, 112), (1, 3, 3)), "tall") == {}  # depthwise: no shared loads
     for template in ("registers", "wide-packed", "channels-vector", "inline"):
         for nest in (GEMM, CONV):
             assert seed_schedule(nest, template, 256) == seed_schedule(nest, template)

@@ -279,6 +279,8 @@ def test_tall_seed_doubles_the_pointwise_convolutions_rows_and_computes_the_refe
     assert len(pointwise) == 1
     i = pointwise[0]
     assert default_knobs(nests[i])["t2"] == 1 and plan.schedules[i]["t2"] == 2
+    depthwise = 1 - i  # the other group, left at its default rows
+    assert plan.schedules[depthwise]["t2"] == default_knobs(nests[depthwise])["t2"]
     res = evaluate_plan(w, plan, parse_target("llvm"), TimingConfig(repeats=1, min_repeat_ms=1, warmup=0))
     assert res["correct"], res
 
