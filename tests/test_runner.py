@@ -139,6 +139,24 @@ def test_a_hand_picked_plan_timed_alone_a_little_above_the_best_is_compared_side
     assert "confirm" not in far and log.best_hash == "d" and len(runner.calls) == 7
 
 
+def test_a_seed_timed_alone_at_twice_the_best_is_still_compared():
+    """A mobilenet_block job timed its ``tall`` seed alone at 0.350 ms, 1.9x the default plan's
+    lone 0.181, in the slow first seconds of the job; side by side the seed runs 7% faster
+    (NOTES 41).  A seed is compared up to HAND_PICKED_GATE (2.5x) of the gate."""
+    runner = FakeRunner([{"status": OK, "median_ms": 0.181},  # the default plan, the first best
+                         {"status": OK, "median_ms": 0.350}, _cmp(0.176, 0.189)])  # the seed: compared, wins
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"default"}'), "default", 20.0)
+    seed = log.run(runner, _task(plan='{"p":"tall"}'), "tall", 20.0, hand_picked=True)
+    assert runner.calls[2][0]["compare_with"] == '{"p":"default"}' and seed["confirm"]["faster"]
+    assert log.best_hash == "tall"
+    runner = FakeRunner([{"status": OK, "median_ms": 0.181}, {"status": OK, "median_ms": 0.350}])
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"default"}'), "default", 20.0)
+    sampled = log.run(runner, _task(plan='{"p":"tall"}'), "tall", 20.0)  # a sampler's plan: not compared
+    assert "confirm" not in sampled and log.best_hash == "default" and len(runner.calls) == 2
+
+
 def test_a_tie_with_a_lone_first_timing_rescales_the_best():
     """The first plan of a job, timed alone in a fresh worker, ran 2.46 ms; side by side it
     ran 1.38 ms against a candidate that was faster overall but not in every round.  The tie
