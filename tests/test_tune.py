@@ -262,7 +262,7 @@ def test_tall_seed_doubles_the_pointwise_convolutions_rows_and_computes_the_refe
     """mobilenet_block's pointwise convolution cannot widen its 16 columns (the image is 112
     wide): the ``tall`` seed gives it two image rows under its 8 output channels instead."""
     from autofuse.build import group_anchor, partition_of
-    from autofuse.measure import TimingConfig
+    from autofuse.measure import QUICK
     from autofuse.runner import evaluate_plan
     from autofuse.schedule import default_knobs
     from autofuse.search import PlanSpace
@@ -281,7 +281,7 @@ def test_tall_seed_doubles_the_pointwise_convolutions_rows_and_computes_the_refe
     assert default_knobs(nests[i])["t2"] == 1 and plan.schedules[i]["t2"] == 2
     depthwise = 1 - i  # the other group, left at its default rows
     assert plan.schedules[depthwise]["t2"] == default_knobs(nests[depthwise])["t2"]
-    res = evaluate_plan(w, plan, parse_target("llvm"), TimingConfig(repeats=1, min_repeat_ms=1, warmup=0))
+    res = evaluate_plan(w, plan, parse_target("llvm"), QUICK)
     assert res["correct"], res
 
 
