@@ -41,7 +41,9 @@ the anchor's loop nest and say where every other block of the group goes:
   tiles of m = 2 or 4 (0 = direct), 2.25x / 4x fewer multiply-adds (``autofuse.winograd``;
   offered where the convolution is stride 1, padding 1, of a constant weight).  Its schedule
   is that algorithm's own; of the knobs above it keeps none, and ``wino_rows`` x ``wino_cols``
-  (tiles x output channels) is the register tile of its GEMMs.
+  (tiles x output channels) is the register tile of its GEMMs; ``wino_block`` (rows of tiles)
+  cuts the image into blocks that one thread each takes through every stage (0: stage after
+  stage, each stage in parallel over the whole image).
 - ``reduce_vector``: the other reduction blocks of the group (layer-norm and softmax
   statistics, BN batch statistics) keep that many partial sums in one vector
   (``rfactor``), then add them up; 0 = one scalar accumulator (a serial chain of adds).
@@ -61,13 +63,15 @@ import tvm
 from tvm import s_tir, tirx
 
 from autofuse.plan import PlanError
+from autofuse.target import num_threads
 
 BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue", "pack_weight")
 INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector", "outer_first", "k_block",
-             "vector_axis", "winograd", "wino_rows", "wino_cols")
+             "vector_axis", "winograd", "wino_rows", "wino_cols", "wino_block")
 WINOGRAD_TILES = (2, 4)  # ``winograd``: output tile m of F(m x m, 3 x 3) (0 = direct)
 WINOGRAD_ROWS = tuple(range(1, 9))  # ``wino_rows`` x ``wino_cols``: the register tile of its GEMMs
 WINOGRAD_COLS = (8, 16, 32)
+WINOGRAD_BLOCKS = (0, 1, 2, 4, 7, 14)  # ``wino_block``: rows of tiles one thread takes through every stage
 K_BLOCKS = (64, 128, 256, 512)
 UNROLL_STEPS = (0, 16, 64, 256)
 REDUCE_VECTOR_WIDTHS = (0, 8, 16, 32, 64)
@@ -155,7 +159,7 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
         inline_producers=not nest.has_reduction,
         epilogue_at=n - 1, producer_at=max(-1, n - 2) if n >= 2 else (0 if n else -1),
         reduce_vector=16, outer_first=0, k_block=0, pack_weight=False, vector_axis=max(0, n - 1),
-        winograd=0, wino_rows=4, wino_cols=16,
+        winograd=0, wino_rows=4, wino_cols=16, wino_block=0,
     )
     if n >= 4 and nest.has_reduction and nest.spatial[2] >= 16:
         # NCHW convolution: image rows outermost and in parallel, padding (or a producer) made
@@ -184,7 +188,8 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
     were found only after 3 minutes of mutations, NOTES 40);
     ``channels-vector`` makes a convolution's output channels its vector axis
     (``vector_axis``), 16 at a time, with its weight packed to match; ``winograd`` computes a
-    3x3 convolution as Winograd F(4x4, 3x3) (dropped where the group's convolution cannot
+    3x3 convolution as Winograd F(4x4, 3x3) in blocks of rows of tiles, one thread each
+    (``winograd_block``; dropped where the group's convolution cannot
     be: ``autofuse.winograd.eligible``); ``registers`` is the
     default schedule alone.  The tiles are sized for AVX-512; with ``accumulator_floats``
     (``target.VectorUnit``) each register tile is shrunk to fit the target's registers,
@@ -227,8 +232,20 @@ def _template(nest: LoopNest, template: str) -> dict[str, Any]:
             return {"vector_axis": 1, "t1": _largest_divisor(nest.spatial[1], 16), "pack_weight": True}
         return {}
     if template == "winograd":
-        return {"winograd": 4} if _sums_input_channels(nest) and nest.reduce[1:] == (3, 3) else {}
+        if not (_sums_input_channels(nest) and nest.reduce[1:] == (3, 3)):
+            return {}
+        return {"winograd": 4, "wino_block": winograd_block(nest, 4, num_threads())}
     raise ValueError(f"unknown seed template {template!r}")
+
+
+def winograd_block(nest: LoopNest, m: int, threads: int) -> int:
+    """The tallest ``wino_block`` that cuts an NCHW convolution's rows of F(m x m) tiles
+    into at least one block per thread (0: none does).  Taller blocks hand fewer rows from
+    one block's padding to the next; resnet_block's plan ran 0.556 ms with blocks of 7 rows,
+    0.618 with 1 (NOTES 42)."""
+    batch, rows = nest.spatial[0], -(-nest.spatial[2] // m)
+    fits = [r for r in WINOGRAD_BLOCKS if r and rows % r == 0 and batch * rows // r >= threads]
+    return max(fits, default=0)
 
 
 def fit_register_tile(nest: LoopNest, overrides: dict[str, Any], accumulator_floats: int) -> dict[str, Any]:
@@ -293,6 +310,7 @@ def knob_space(nest: LoopNest, overrides: dict[str, Any] | None = None, *, produ
         space["winograd"] = [0, *WINOGRAD_TILES]
         space["wino_rows"] = list(WINOGRAD_ROWS)
         space["wino_cols"] = list(WINOGRAD_COLS)
+        space["wino_block"] = list(WINOGRAD_BLOCKS)
     if n >= 4 and nest.has_reduction:
         space["vector_axis"] = [a for a in range(n) if nest.spatial[a] > 1 or a == n - 1]
     if nest.has_reduction and any(2 * b <= nest.reduce[0] for b in K_BLOCKS):
@@ -339,6 +357,8 @@ def resolve_knobs(nest: LoopNest, knobs: dict[str, Any]) -> dict[str, Any]:
             raise PlanError(f"wino_rows={value} is out of range {WINOGRAD_ROWS[0]}..{WINOGRAD_ROWS[-1]}")
         elif key == "wino_cols" and value not in WINOGRAD_COLS:
             raise PlanError(f"wino_cols={value} must be one of {', '.join(map(str, WINOGRAD_COLS))}")
+        elif key == "wino_block" and value not in WINOGRAD_BLOCKS:
+            raise PlanError(f"wino_block={value} must be one of {', '.join(map(str, WINOGRAD_BLOCKS))}")
         elif key == "reduce_vector" and value not in REDUCE_VECTOR_WIDTHS:
             raise PlanError(f"reduce_vector={value} must be one of {', '.join(map(str, REDUCE_VECTOR_WIDTHS))}")
         full[key] = value

@@ -38,7 +38,7 @@ from tvm import relax, s_tir, te, tirx
 
 from autofuse.graph import Graph
 from autofuse.plan import PlanError
-from autofuse.schedule import loops_below, schedule_at_root, try_step  # the generic scheduler's steps
+from autofuse.schedule import ScheduleRejected, loops_below, schedule_at_root, try_step  # the generic scheduler's steps
 
 LANES = 8  # channel block of the padded input and vector width of the transforms
 BLOCKS = ("wino_pad", "wino_data_rows", "wino_data", "wino_gemm", "wino_out_rows", "wino_out")
@@ -220,7 +220,14 @@ def schedule(sch: s_tir.Schedule, kernel: str, m: int, knobs: dict[str, Any]) ->
     transform run per tile and 8 channels per vector, in two unrolled halves (rows, then
     columns: a few terms each, where one sum over the whole tile had LLVM and TVM's simplifier
     spend seconds on every build); the GEMMs register-tiled ``wino_rows`` x ``wino_cols``,
-    the transform points and row tiles in parallel."""
+    the transform points and row tiles in parallel.
+
+    ``wino_block`` = R: the image is cut into blocks of R rows of tiles, and one thread takes
+    each block through every stage (``_schedule_blocked``); 0: stage after stage, each in
+    parallel on its own axis (``_schedule_by_stage``), so each thread reads tiles the other
+    made.  On a 2-vCPU virtual machine the latter ran resnet_block's F(4x4) plan at one of
+    two speeds, 0.58 or 0.89 ms, for tens of seconds at a time, while blocks of 7 rows ran
+    0.53-0.57 ms throughout (NOTES 42)."""
     sch.work_on(kernel)
     root = sch.get_sblock("root")
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
@@ -235,6 +242,18 @@ def schedule(sch: s_tir.Schedule, kernel: str, m: int, knobs: dict[str, Any]) ->
     final = next(n for n in names if any(r.source.name == "wino_out_rows" for r in sch.get(sch.get_sblock(n)).reads))
     others = [n for n in names[names.index("wino_out_rows") + 1:] if n != final]
 
+    if knobs.get("wino_block", 0):
+        _schedule_blocked(sch, final, m, knobs)
+    else:
+        _schedule_by_stage(sch, final, m, knobs)
+    for name in others:  # a second output of the group beside the convolution's
+        schedule_at_root(sch, name, {**knobs, "parallel": 1, "vector": True})
+
+
+def _schedule_by_stage(sch: s_tir.Schedule, final: str, m: int, knobs: dict[str, Any]) -> None:
+    """Each stage over the whole image in turn, each in parallel on its own axis: the
+    padding by channel blocks and rows, the input transform by tiles, the GEMMs by transform
+    points, the inverse transform by rows of tiles."""
     loops = sch.get_loops(sch.get_sblock("wino_pad"))
     sch.parallel(sch.fuse(*loops[:3]))
     sch.vectorize(loops[-1])
@@ -247,16 +266,7 @@ def schedule(sch: s_tir.Schedule, kernel: str, m: int, knobs: dict[str, Any]) ->
 
     block = sch.get_sblock("wino_gemm")
     e1, e2, p, k, c = sch.get_loops(block)
-    p_o, p_i = sch.split(p, [None, knobs["wino_rows"]])
-    k_o, k_i = sch.split(k, [None, min(knobs["wino_cols"], int(sch.get(k).extent))])
-    sch.reorder(e1, e2, p_o, k_o, c, p_i, k_i)
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, k_o)
-    sch.parallel(sch.fuse(e1, e2, p_o))
-    sch.unroll(p_i)
-    sch.vectorize(k_i)
-    sch.decompose_reduction(block, c)
-    sch.vectorize(sch.get_loops(acc)[-1])
+    _register_tile(sch, block, e1, e2, p, k, c, knobs, parallel=True)
 
     b, k, i, j = sch.get_loops(sch.get_sblock(final))  # per tile, 8 output channels a vector
     t_i, o_i = sch.split(i, [None, m])
@@ -265,8 +275,54 @@ def schedule(sch: s_tir.Schedule, kernel: str, m: int, knobs: dict[str, Any]) ->
     sch.reorder(b, t_i, k_o, t_j, o_i, o_j, k_i)
     sch.parallel(sch.fuse(b, t_i))
     _unroll_transform(sch, "wino_out_rows", t_j, (o_i, o_j, k_i))
-    for name in others:  # a second output of the group beside the convolution's
-        schedule_at_root(sch, name, {**knobs, "parallel": 1, "vector": True})
+
+
+def _register_tile(sch: s_tir.Schedule, block: Any, e1: Any, e2: Any, p: Any, k: Any, c: Any,
+                   knobs: dict[str, Any], parallel: bool = False) -> None:
+    """The GEMMs' ``wino_rows`` tiles x ``wino_cols`` output channels in registers, summed
+    over all input channels, then stored; ``parallel``: the transform points and row tiles
+    in parallel."""
+    p_o, p_i = sch.split(p, [None, knobs["wino_rows"]])
+    k_o, k_i = sch.split(k, [None, min(knobs["wino_cols"], int(sch.get(k).extent))])
+    sch.reorder(e1, e2, p_o, k_o, c, p_i, k_i)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, k_o)
+    if parallel:
+        sch.parallel(sch.fuse(e1, e2, p_o))
+    sch.unroll(p_i)
+    sch.vectorize(k_i)
+    sch.decompose_reduction(block, c)
+    sch.vectorize(sch.get_loops(acc)[-1])
+
+
+def _schedule_blocked(sch: s_tir.Schedule, final: str, m: int, knobs: dict[str, Any]) -> None:
+    """Blocks of ``wino_block`` rows of tiles in parallel, each taken through every stage by
+    one thread: its rows padded, its tiles transformed, its GEMMs (every transform point in
+    turn), its inverse transform.  A thread only reads what it wrote, and a block's
+    intermediates are allocated per block (a row of 14 F(4x4) tiles of 64 channels: 129 KB)."""
+    rows = knobs["wino_block"]
+    b, k, i, j = sch.get_loops(sch.get_sblock(final))
+    t_i, o_i = sch.split(i, [None, m])
+    t_j, o_j = sch.split(j, [None, m])
+    k_o, k_i = sch.split(k, [None, LANES])
+    if int(sch.get(t_i).extent) % rows:
+        raise ScheduleRejected(f"wino_block={rows} does not divide the {int(sch.get(t_i).extent)} rows of tiles")
+    t_io, t_ii = sch.split(t_i, [None, rows])
+    sch.reorder(b, t_io, t_ii, k_o, t_j, o_i, o_j, k_i)
+    blocks = sch.fuse(b, t_io)
+    sch.parallel(blocks)
+    _unroll_transform(sch, "wino_out_rows", t_j, (o_i, o_j, k_i))
+    # producers under their consumers, each once its consumer is in place
+    gemm = sch.get_sblock("wino_gemm")
+    sch.compute_at(gemm, blocks)
+    sch.compute_at(sch.get_sblock("wino_data"), blocks)
+    e1, e2, p, c = loops_below(sch, "wino_data", blocks)
+    c_o, c_i = sch.split(c, [None, LANES])
+    sch.reorder(p, c_o, e1, e2, c_i)
+    _unroll_transform(sch, "wino_data_rows", c_o, (e1, e2, c_i))
+    sch.compute_at(sch.get_sblock("wino_pad"), blocks)
+    sch.vectorize(loops_below(sch, "wino_pad", blocks)[-1])
+    _register_tile(sch, gemm, *loops_below(sch, "wino_gemm", blocks), knobs)
 
 
 def _unroll_transform(sch: s_tir.Schedule, first_half: str, loop: Any, second: tuple[Any, Any, Any]) -> None:

@@ -4,6 +4,7 @@ at sizes the tiles do not divide, with producers and epilogues fused; refused el
 import numpy as np
 import optuna
 import pytest
+import tvm
 from tvm import relax
 
 from autofuse.build import anchor_op, schedule_module
@@ -13,6 +14,7 @@ from autofuse.nn_ref import conv3x3_pad1
 from autofuse.partition import most_fused
 from autofuse.plan import PlanError
 from autofuse.runner import OK, evaluate_plan
+from autofuse.schedule import LoopNest, ScheduleRejected, _realizes, winograd_block
 from autofuse.search import PlanSpace
 from autofuse.space import Space, Tensor
 from autofuse.target import parse_target
@@ -43,7 +45,9 @@ def _winograd_plan(w: Workload, part, m: int, **knobs):
 
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("shape, knobs", [((1, 8, 16, 5, 7), {}),  # rows and columns not multiples of m
-                                          ((2, 16, 8, 6, 9), {"wino_rows": 3, "wino_cols": 32})])  # a batch of 2
+                                          ((2, 16, 8, 6, 9), {"wino_rows": 3, "wino_cols": 32}),  # a batch of 2
+                                          ((1, 8, 16, 5, 7), {"wino_block": 1}),  # a block per row of tiles
+                                          ((2, 16, 8, 8, 9), {"wino_block": 2, "wino_rows": 3})])  # blocks of 2 rows, 2 images
 def test_winograd_computes_the_convolution_where_its_tiles_do_not_divide_the_image(m, shape, knobs):
     w = _conv_relu(*shape)
     plan = _winograd_plan(w, default_partition(w.graph(True)), m, **knobs)
@@ -52,13 +56,14 @@ def test_winograd_computes_the_convolution_where_its_tiles_do_not_divide_the_ima
 
 
 @pytest.mark.parametrize("partition", ["default", "most-fused"])
-def test_resnet_block_with_both_convolutions_by_winograd_is_correct(partition):
+@pytest.mark.parametrize("block", [0, 1])
+def test_resnet_block_with_both_convolutions_by_winograd_is_correct(partition, block):
     """The second convolution's group holds a residual add in its epilogue; fused most, also
-    the first block's BN and ReLU as producers of its padding."""
+    the first block's BN and ReLU as producers of its padding (per block of tiles: ``wino_block``)."""
     w = get_workload("resnet_block", tiny=True)
     g = w.graph(True)
     part = default_partition(g) if partition == "default" else most_fused(g.dag())
-    plan = _winograd_plan(w, part, 4)
+    plan = _winograd_plan(w, part, 4, wino_block=block)
     res = evaluate_plan(w, plan, LLVM, QUICK)
     assert res["status"] == OK and res["correct"], res
 
@@ -95,7 +100,8 @@ def test_winograd_where_it_does_not_apply_is_a_plan_error():
     with pytest.raises(PlanError, match="Winograd needs a float32 3x3 stride-1 pad-1"):
         schedule_module(g, w.partition_plan(part, True, "bad", schedules), LLVM)
     cbr = get_workload("conv_bn_relu", tiny=True)
-    for bad, message in (({"winograd": 3}, "winograd=3 must be 0"), ({"wino_cols": 12}, "wino_cols=12 must be one of")):
+    for bad, message in (({"winograd": 3}, "winograd=3 must be 0"), ({"wino_cols": 12}, "wino_cols=12 must be one of"),
+                         ({"wino_block": 3}, "wino_block=3 must be one of")):
         plan = cbr.partition_plan(default_partition(cbr.graph(True)), True, "bad", [bad])
         with pytest.raises(PlanError, match=message):
             schedule_module(cbr.graph(True), plan, LLVM)
@@ -110,3 +116,38 @@ def test_the_weight_transform_and_the_tiles_reproduce_a_one_dimensional_convolut
         d, taps = rng.standard_normal(m + 2), rng.standard_normal(3)
         direct = np.array([d[i:i + 3] @ taps for i in range(m)])
         np.testing.assert_allclose(a.T @ ((g @ taps) * (b.T @ d)), direct, rtol=1e-12, atol=1e-12)
+
+
+def _parallel_loops_by_block(w: Workload, plan) -> dict[str, set[str]]:
+    """Each block of the Winograd kernel: the names of the parallel loops around it."""
+    mod = schedule_module(w.graph(True), plan, LLVM)
+    kernel = next(f for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc) and "wino_gemm" in f.script())
+    return {realize.block.name_hint: {l.loop_var.name for l in loops if l.kind == tvm.tirx.ForKind.PARALLEL}
+            for realize, loops in _realizes(kernel.body)}
+
+
+def test_blocked_winograd_takes_each_block_through_every_stage_on_one_thread():
+    """``wino_block``: one parallel loop over blocks of rows of tiles, and every stage (padding,
+    input transform, GEMMs, inverse transform with the epilogue) under it, so a thread reads only
+    what it wrote; stage by stage, each stage has a parallel loop of its own (NOTES 42).  A block
+    that does not divide the rows of tiles is refused with the reason."""
+    w = get_workload("conv_bn_relu", tiny=True)  # 8 x 8: two rows of F(4x4) tiles
+    part = default_partition(w.graph(True))
+    blocked = _parallel_loops_by_block(w, _winograd_plan(w, part, 4, wino_block=1))
+    del blocked["root"]
+    assert {"wino_pad", "wino_data", "wino_gemm_update", "wino_out_rows"} <= set(blocked)
+    assert len(set().union(*blocked.values())) == 1 and all(len(loops) == 1 for loops in blocked.values())
+    by_stage = _parallel_loops_by_block(w, _winograd_plan(w, part, 4))
+    stages = ("wino_pad", "wino_data", "wino_gemm_update", "wino_out_rows")
+    assert len(set().union(*(by_stage[s] for s in stages))) == 4
+    with pytest.raises(ScheduleRejected, match="wino_block=4 does not divide the 2 rows of tiles"):
+        schedule_module(w.graph(True), _winograd_plan(w, part, 4, wino_block=4), LLVM)
+
+
+def test_the_winograd_seed_cuts_the_rows_of_tiles_into_a_block_per_thread_at_least():
+    conv = LoopNest((1, 64, 56, 56), (64, 3, 3))  # 14 rows of F(4x4) tiles
+    assert winograd_block(conv, 4, threads=2) == 7
+    assert winograd_block(conv, 4, threads=4) == 2
+    assert winograd_block(conv, 4, threads=16) == 0  # 14 rows: fewer blocks than threads
+    assert winograd_block(LoopNest((2, 64, 56, 56), (64, 3, 3)), 4, threads=2) == 14  # a block per image
+    assert winograd_block(conv, 2, threads=2) == 14
