@@ -21,6 +21,11 @@ and writes by m and ran 3-5x slower than a direct plan):
   (``A^T M``) computed per tile; with the group's epilogue (BN, ReLU, a residual add) inlined
   into it, run per tile and 8 output channels at a time.
 
+Stage by stage, each of these runs over the whole image, in parallel on an axis of its own,
+so each thread reads what the other threads wrote; with ``wino_block`` the image is cut
+into blocks of rows of tiles instead, and one thread takes each block through every stage
+(the schedule's two halves: ``_schedule_by_stage``, ``_schedule_blocked``).
+
 The weight's transform ``U = G w G^T`` is computed once, in NumPy, when the plan is built
 (it is a constant: Winograd is offered only on the folded graph).  The transforms' sums
 are written out term by term (the matrices are constants with many zeros and ones).

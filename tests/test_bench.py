@@ -87,6 +87,10 @@ def test_bench_append_adds_spaces_to_the_report_and_refuses_another_budget(tmp_p
     assert all(s["date"] for s in report["spaces"]) and "numpy" in report["geomean_speedup_of_autofuse"]
     md = (out / "bench.md").read_text()
     assert "in 2 runs" in md and "| ew_chain |" in md and "| layernorm_residual |" in md
+    for s in report["spaces"]:  # each row's plans stay in its own database, the first run's too
+        best = json.loads(cli("best", s["space"], "--tiny", "--target", "llvm", "--db",
+                              str(out / f"bench-{s['space']}.db"), "--json", timeout=120).stdout)
+        assert best["plan_hash"] == s["columns"]["autofuse"]["note"].split()[1], best
     before = (out / "bench.json").read_text()
     r = cli("bench", "ew_chain", "--budget", "4s", "--append", *common, timeout=600)
     assert r.returncode == 2 and "3 s budget" in r.stderr and "Traceback" not in r.stderr
@@ -159,7 +163,7 @@ def test_bench_compare_random_reports_both_searches_at_equal_trials(tmp_path):
         assert f"{100 * early['final_over_early']:.0f}% of the final best at 2 s" in (out / "bench.md").read_text()
     assert space["random_job"]["study"].endswith("-random")
     assert space["random_job"]["seeded"] is False and cmp["random_seeded"] is False  # plain: no seed templates
-    random_study = optuna.load_study(study_name=space["random_job"]["study"], storage=f"sqlite:///{out / 'bench.db'}")
+    random_study = optuna.load_study(study_name=space["random_job"]["study"], storage=f"sqlite:///{out / 'bench-ew_chain.db'}")
     assert {t.user_attrs.get("label") for t in random_study.trials} <= {"unfused", "default", None}
     col = space["columns"]["random-search"]
     assert col["correct"] and col["samples"] == space["columns"]["autofuse"]["samples"] == 1, col

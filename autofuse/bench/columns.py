@@ -184,6 +184,12 @@ class PlanPair:
         self.into.update(out)
 
 
+def bench_db(out_dir: Path, space: str) -> Path:
+    """The plan database a bench tunes ``space`` into: one per space, so that the plans behind
+    every row of a report (``--append`` included) stay there to be read and rebuilt."""
+    return out_dir / f"bench-{space}.db"
+
+
 def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, progress: Callable[[str], None],
                   seed: int, include: tuple[str, ...], compare_random: str | None = None,
                   ) -> tuple[list[_Runnable], list[PlanPair], dict[str, Any]]:
@@ -247,7 +253,7 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
 
     guarded("tvm-default", tvm_default)
 
-    db_url = f"sqlite:///{out_dir / 'bench.db'}"
+    db_url = f"sqlite:///{bench_db(out_dir, w.space.name)}"
     candidate_timeout = min(120.0, max(20.0, budget_s / 6))  # one slow compile can't eat the budget
 
     def plan_note(plan: Plan, label: str, note: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autofuse.bench.columns import COLUMNS, build_columns
+from autofuse.bench.columns import COLUMNS, bench_db, build_columns
 from autofuse.bench.curves import random_kind, reached_95pct_at
 from autofuse.bench.plots import plot_bench
 from autofuse.bench.report import markdown_report, runs_of
@@ -79,16 +79,20 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
     return result
 
 
-def _clear_scratch(out_dir: Path) -> None:
-    """Each bench tunes from scratch: an earlier run's plans (bench.db) or MetaSchedule records
-    (ms-*) would otherwise warm-start this one and its budget would not be the budget."""
+def _clear_scratch(out_dir: Path, spaces: list[str]) -> None:
+    """Each bench tunes from scratch: an earlier run's plans of these spaces (bench-SPACE.db,
+    bench.db before) or MetaSchedule records (ms-SPACE) would otherwise warm-start this one
+    and its budget would not be the budget.  Other spaces' are kept (``--append``)."""
     import shutil
 
     for f in out_dir.glob("bench.db*"):
         f.unlink()
-    for d in out_dir.glob("ms-*"):
-        if d.is_dir():
-            shutil.rmtree(d)
+    for space in spaces:
+        db = bench_db(out_dir, space)
+        for f in db.parent.glob(db.name + "*"):
+            f.unlink()
+        if (out_dir / f"ms-{space}").is_dir():
+            shutil.rmtree(out_dir / f"ms-{space}")
 
 
 class BenchAppendError(Exception):
@@ -145,7 +149,7 @@ def run_bench(spaces: list[str], target: Target, budget_s: float, out_dir: Path,
 
     out_dir.mkdir(parents=True, exist_ok=True)
     prev = _previous_report(out_dir, target, budget_s, tiny) if append else None
-    _clear_scratch(out_dir)
+    _clear_scratch(out_dir, spaces)
     progress("measuring machine peaks (SGEMM, copy)")
     peaks = machine_peaks()
     date = time.strftime("%Y-%m-%d %H:%M:%S %Z")
