@@ -273,13 +273,21 @@ def _schedule_by_stage(sch: s_tir.Schedule, final: str, m: int, knobs: dict[str,
     e1, e2, p, k, c = sch.get_loops(block)
     _register_tile(sch, block, e1, e2, p, k, c, knobs, parallel=True)
 
-    b, k, i, j = sch.get_loops(sch.get_sblock(final))  # per tile, 8 output channels a vector
-    t_i, o_i = sch.split(i, [None, m])
-    t_j, o_j = sch.split(j, [None, m])
-    k_o, k_i = sch.split(k, [None, LANES])
+    b, t_i, k_o, t_j, o_i, o_j, k_i = _output_tiles(sch, final, m)
     sch.reorder(b, t_i, k_o, t_j, o_i, o_j, k_i)
     sch.parallel(sch.fuse(b, t_i))
     _unroll_transform(sch, "wino_out_rows", t_j, (o_i, o_j, k_i))
+
+
+def _output_tiles(sch: s_tir.Schedule, final: str, m: int) -> tuple[Any, ...]:
+    """The output's loops split into tiles: (image, row of tiles, 8-channel block, column of
+    tiles, row in the tile, column in the tile, channel in the block); the inverse transform
+    runs per tile, 8 output channels a vector."""
+    b, k, i, j = sch.get_loops(sch.get_sblock(final))
+    t_i, o_i = sch.split(i, [None, m])
+    t_j, o_j = sch.split(j, [None, m])
+    k_o, k_i = sch.split(k, [None, LANES])
+    return b, t_i, k_o, t_j, o_i, o_j, k_i
 
 
 def _register_tile(sch: s_tir.Schedule, block: Any, e1: Any, e2: Any, p: Any, k: Any, c: Any,
@@ -306,10 +314,7 @@ def _schedule_blocked(sch: s_tir.Schedule, final: str, m: int, knobs: dict[str, 
     turn), its inverse transform.  A thread only reads what it wrote, and a block's
     intermediates are allocated per block (a row of 14 F(4x4) tiles of 64 channels: 129 KB)."""
     rows = knobs["wino_block"]
-    b, k, i, j = sch.get_loops(sch.get_sblock(final))
-    t_i, o_i = sch.split(i, [None, m])
-    t_j, o_j = sch.split(j, [None, m])
-    k_o, k_i = sch.split(k, [None, LANES])
+    b, t_i, k_o, t_j, o_i, o_j, k_i = _output_tiles(sch, final, m)
     if int(sch.get(t_i).extent) % rows:
         raise ScheduleRejected(f"wino_block={rows} does not divide the {int(sch.get(t_i).extent)} rows of tiles")
     t_io, t_ii = sch.split(t_i, [None, rows])
