@@ -14,10 +14,10 @@ from autofuse.nn_ref import conv3x3_pad1
 from autofuse.partition import most_fused
 from autofuse.plan import PlanError
 from autofuse.runner import OK, evaluate_plan
-from autofuse.schedule import LoopNest, ScheduleRejected, _realizes, winograd_block
+from autofuse.schedule import LoopNest, ScheduleRejected, _realizes, seed_schedule, winograd_block
 from autofuse.search import PlanSpace
 from autofuse.space import Space, Tensor
-from autofuse.target import parse_target
+from autofuse.target import parse_target, vector_unit
 from autofuse.workload import Workload, get_workload
 from autofuse import winograd
 
@@ -151,3 +151,17 @@ def test_the_winograd_seed_cuts_the_rows_of_tiles_into_a_block_per_thread_at_lea
     assert winograd_block(conv, 4, threads=16) == 0  # 14 rows: fewer blocks than threads
     assert winograd_block(LoopNest((2, 64, 56, 56), (64, 3, 3)), 4, threads=2) == 14  # a block per image
     assert winograd_block(conv, 2, threads=2) == 14
+
+
+def test_the_winograd_seeds_register_tile_fills_three_quarters_of_the_accumulators():
+    conv = LoopNest((1, 64, 56, 56), (64, 3, 3))
+    avx512 = seed_schedule(conv, "winograd", accumulator_floats=256)
+    assert (avx512["winograd"], avx512["wino_rows"], avx512["wino_cols"]) == (4, 6, 32)
+    assert (seed_schedule(conv, "winograd", accumulator_floats=128)["wino_rows"]) == 3  # AVX2: 12 of 16 registers
+    w = get_workload("resnet_block", tiny=True)
+    ps = PlanSpace(w)
+    seeds = {label: params for params, label in ps.seed_trials(None, vector_unit(LLVM))}
+    plan = ps.suggest(optuna.trial.FixedTrial(seeds["seed:winograd"]))[0]
+    assert all(s["wino_cols"] == 32 for s in plan.schedules if s.get("winograd"))
+    res = evaluate_plan(w, plan, LLVM, QUICK)
+    assert res["status"] == OK and res["correct"], res
