@@ -189,7 +189,7 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
     ``channels-vector`` makes a convolution's output channels its vector axis
     (``vector_axis``), 16 at a time, with its weight packed to match; ``winograd`` computes a
     3x3 convolution as Winograd F(4x4, 3x3) in blocks of rows of tiles, one thread each
-    (``winograd_block``), its GEMMs' register tile sized to the target (``winograd_register_tile``; dropped where the group's convolution cannot
+    (``winograd_block``), its GEMMs' register tile 6 x 32 (``fit_winograd_rows``; dropped where the group's convolution cannot
     be: ``autofuse.winograd.eligible``); ``registers`` is the
     default schedule alone.  The tiles are sized for AVX-512; with ``accumulator_floats``
     (``target.VectorUnit``) each register tile is shrunk to fit the target's registers,
@@ -200,18 +200,16 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
         return overrides
     fitted = fit_register_tile(nest, overrides, accumulator_floats)
     if overrides.get("winograd"):
-        fitted.update(winograd_register_tile(accumulator_floats))
+        fitted["wino_rows"] = fit_winograd_rows(overrides, accumulator_floats)
     return fitted
 
 
-def winograd_register_tile(accumulator_floats: int) -> dict[str, int]:
-    """The Winograd GEMMs' register tile for the seed: 32 output channels by as many tiles as
-    fill three quarters of the accumulator registers (AVX-512: 6 x 32).  resnet_block's seed,
-    side by side for 75 s (NOTES 42): 4 x 16 (the knobs' default) 0.546 ms, 8 x 16 0.471,
-    8 x 32 (every accumulator register) 0.433, 6 x 32 0.412."""
-    cols = WINOGRAD_COLS[-1]
-    return {"wino_rows": max(WINOGRAD_ROWS[0], min(WINOGRAD_ROWS[-1], 3 * accumulator_floats // (4 * cols))),
-            "wino_cols": cols}
+def fit_winograd_rows(knobs: dict[str, Any], accumulator_floats: int) -> int:
+    """The Winograd GEMMs' register tile rows cut so that rows x ``wino_cols`` takes at most
+    three quarters of the accumulator registers (the seed's 6 x 32 on AVX-512; 3 x 32 on
+    AVX2).  resnet_block's seed, side by side for 75 s (NOTES 42): 4 x 16 (the knobs'
+    default) 0.546 ms, 8 x 16 0.471, 8 x 32 (every accumulator register) 0.433, 6 x 32 0.412."""
+    return max(WINOGRAD_ROWS[0], min(knobs["wino_rows"], 3 * accumulator_floats // (4 * knobs["wino_cols"])))
 
 
 def _template(nest: LoopNest, template: str) -> dict[str, Any]:
@@ -247,7 +245,7 @@ def _template(nest: LoopNest, template: str) -> dict[str, Any]:
     if template == "winograd":
         if not (_sums_input_channels(nest) and nest.reduce[1:] == (3, 3)):
             return {}
-        return {"winograd": 4, "wino_block": winograd_block(nest, 4, num_threads())}
+        return {"winograd": 4, "wino_block": winograd_block(nest, 4, num_threads()), "wino_rows": 6, "wino_cols": 32}
     raise ValueError(f"unknown seed template {template!r}")
 
 
