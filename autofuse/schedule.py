@@ -189,8 +189,8 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
     ``channels-vector`` makes a convolution's output channels its vector axis
     (``vector_axis``), 16 at a time, with its weight packed to match; ``winograd`` computes a
     3x3 convolution as Winograd F(4x4, 3x3) in blocks of rows of tiles, one thread each
-    (``winograd_block``), its GEMMs' register tile 6 x 32 (``fit_winograd_rows``; dropped where the group's convolution cannot
-    be: ``autofuse.winograd.eligible``); ``registers`` is the
+    (``winograd_block``), its GEMMs' register tile 6 x 32 (``fit_winograd_rows``; dropped
+    where the group's convolution cannot be: ``autofuse.winograd.eligible``); ``registers`` is the
     default schedule alone.  The tiles are sized for AVX-512; with ``accumulator_floats``
     (``target.VectorUnit``) each register tile is shrunk to fit the target's registers,
     so ``registers`` differs from the default schedule only where that one does not fit
