@@ -189,7 +189,7 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
     ``channels-vector`` makes a convolution's output channels its vector axis
     (``vector_axis``), 16 at a time, with its weight packed to match; ``winograd`` computes a
     3x3 convolution as Winograd F(4x4, 3x3) in blocks of rows of tiles, one thread each
-    (``winograd_block``), its GEMMs' register tile 6 x 32 (``fit_winograd_rows``; dropped
+    (``winograd_block``), its GEMMs' register tile 6 x 32 (``fit_winograd_tile``; dropped
     where the group's convolution cannot be: ``autofuse.winograd.eligible``); ``registers`` is the
     default schedule alone.  The tiles are sized for AVX-512; with ``accumulator_floats``
     (``target.VectorUnit``) each register tile is shrunk to fit the target's registers,
@@ -200,16 +200,23 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
         return overrides
     fitted = fit_register_tile(nest, overrides, accumulator_floats)
     if overrides.get("winograd"):
-        fitted["wino_rows"] = fit_winograd_rows(overrides, accumulator_floats)
+        fitted["wino_rows"], fitted["wino_cols"] = fit_winograd_tile(overrides, accumulator_floats)
     return fitted
 
 
-def fit_winograd_rows(knobs: dict[str, Any], accumulator_floats: int) -> int:
-    """The Winograd GEMMs' register tile rows cut so that rows x ``wino_cols`` takes at most
-    three quarters of the accumulator registers (the seed's 6 x 32 on AVX-512; 3 x 32 on
-    AVX2).  resnet_block's seed, side by side for 75 s (NOTES 42): 4 x 16 (the knobs'
-    default) 0.546 ms, 8 x 16 0.471, 8 x 32 (every accumulator register) 0.433, 6 x 32 0.412."""
-    return max(WINOGRAD_ROWS[0], min(knobs["wino_rows"], 3 * accumulator_floats // (4 * knobs["wino_cols"])))
+def fit_winograd_tile(knobs: dict[str, Any], accumulator_floats: int) -> tuple[int, int]:
+    """The Winograd GEMMs' register tile (``wino_rows``, ``wino_cols``) cut so that its
+    accumulators and the row of the other operand each step loads, (rows + 1) x cols floats,
+    take at most three quarters of the register file (twice ``accumulator_floats``); the
+    columns are halved first.  AVX-512 keeps the seed's 6 x 32; AVX2 gets 6 x 16.  Counting
+    the accumulators alone gave AVX2 3 x 32, which spills: resnet_block's seed compiled for
+    AVX2, side by side (NOTES 43): 3 x 32 1.174 ms, 4 x 16 0.704, 6 x 16 0.639.  On AVX-512
+    (NOTES 42): 4 x 16 (the knobs' default) 0.546 ms, 8 x 16 0.471, 8 x 32 0.433, 6 x 32 0.412."""
+    rows, cols = knobs["wino_rows"], knobs["wino_cols"]
+    budget = 3 * accumulator_floats // 2
+    while cols > WINOGRAD_COLS[0] and (rows + 1) * cols > budget:
+        cols //= 2
+    return max(WINOGRAD_ROWS[0], min(rows, budget // cols - 1)), cols
 
 
 def _template(nest: LoopNest, template: str) -> dict[str, Any]:

@@ -153,11 +153,14 @@ def test_the_winograd_seed_cuts_the_rows_of_tiles_into_a_block_per_thread_at_lea
     assert winograd_block(conv, 2, threads=2) == 14
 
 
-def test_the_winograd_seeds_register_tile_fills_three_quarters_of_the_accumulators():
+def test_the_winograd_seeds_register_tile_and_its_loaded_row_fit_three_quarters_of_the_registers():
     conv = LoopNest((1, 64, 56, 56), (64, 3, 3))
     avx512 = seed_schedule(conv, "winograd", accumulator_floats=256)
     assert (avx512["winograd"], avx512["wino_rows"], avx512["wino_cols"]) == (4, 6, 32)
-    assert (seed_schedule(conv, "winograd", accumulator_floats=128)["wino_rows"]) == 3  # AVX2: 12 of 16 registers
+    avx2 = seed_schedule(conv, "winograd", accumulator_floats=128)  # 12 + 2 + 1 of 16 ymm registers
+    assert (avx2["wino_rows"], avx2["wino_cols"]) == (6, 16)
+    sse = seed_schedule(conv, "winograd", accumulator_floats=32)  # the narrowest columns, fewer rows
+    assert (sse["wino_rows"], sse["wino_cols"]) == (5, 8)
     w = get_workload("resnet_block", tiny=True)
     ps = PlanSpace(w)
     seeds = {label: params for params, label in ps.seed_trials(None, vector_unit(LLVM))}
