@@ -208,10 +208,12 @@ def fit_winograd_tile(knobs: dict[str, Any], accumulator_floats: int) -> tuple[i
     """The Winograd GEMMs' register tile (``wino_rows``, ``wino_cols``) cut so that its
     accumulators and the row of the other operand each step loads, (rows + 1) x cols floats,
     take at most three quarters of the register file (twice ``accumulator_floats``); the
-    columns are halved first.  AVX-512 keeps the seed's 6 x 32; AVX2 gets 6 x 16.  Counting
-    the accumulators alone gave AVX2 3 x 32, which spills: resnet_block's seed compiled for
-    AVX2, side by side (NOTES 43): 3 x 32 1.174 ms, 4 x 16 0.704, 6 x 16 0.639.  On AVX-512
-    (NOTES 42): 4 x 16 (the knobs' default) 0.546 ms, 8 x 16 0.471, 8 x 32 0.433, 6 x 32 0.412."""
+    columns are halved first.  AVX-512 (256 accumulator floats) keeps the seed's 6 x 32;
+    AVX2 (64) gets 6 x 8, where counting the accumulators alone gave 1 x 32.  resnet_block's
+    seed compiled for AVX2, side by side (NOTES 43): 1 x 32 0.975 ms, 6 x 8 0.837, 4 x 16
+    0.743, 6 x 16 0.684 (15 of the 16 registers: this rule is still too cautious there).  On
+    AVX-512 (NOTES 42): 4 x 16 (the knobs' default) 0.546 ms, 8 x 16 0.471, 8 x 32 0.433,
+    6 x 32 0.412."""
     rows, cols = knobs["wino_rows"], knobs["wino_cols"]
     budget = 3 * accumulator_floats // 2
     while cols > WINOGRAD_COLS[0] and (rows + 1) * cols > budget:

@@ -14,7 +14,8 @@ from autofuse.nn_ref import conv3x3_pad1
 from autofuse.partition import most_fused
 from autofuse.plan import PlanError
 from autofuse.runner import OK, evaluate_plan
-from autofuse.schedule import LoopNest, ScheduleRejected, _realizes, seed_schedule, winograd_block
+from autofuse.schedule import (LoopNest, ScheduleRejected, _realizes, fit_winograd_tile, seed_schedule,
+                               winograd_block)
 from autofuse.search import PlanSpace
 from autofuse.space import Space, Tensor
 from autofuse.target import parse_target, vector_unit
@@ -157,14 +158,19 @@ def test_the_winograd_seeds_register_tile_and_its_loaded_row_fit_three_quarters_
     conv = LoopNest((1, 64, 56, 56), (64, 3, 3))
     avx512 = seed_schedule(conv, "winograd", accumulator_floats=256)
     assert (avx512["winograd"], avx512["wino_rows"], avx512["wino_cols"]) == (4, 6, 32)
-    avx2 = seed_schedule(conv, "winograd", accumulator_floats=128)  # 12 + 2 + 1 of 16 ymm registers
-    assert (avx2["wino_rows"], avx2["wino_cols"]) == (6, 16)
-    sse = seed_schedule(conv, "winograd", accumulator_floats=32)  # the narrowest columns, fewer rows
-    assert (sse["wino_rows"], sse["wino_cols"]) == (5, 8)
+    half = seed_schedule(conv, "winograd", accumulator_floats=128)  # the columns halved once
+    assert (half["wino_rows"], half["wino_cols"]) == (6, 16)
+    avx2 = seed_schedule(conv, "winograd", accumulator_floats=64)  # 16 ymm of 8 floats: 6 + 1 + 1 registers
+    assert (avx2["wino_rows"], avx2["wino_cols"]) == (6, 8)
+    narrow = seed_schedule(conv, "winograd", accumulator_floats=32)  # the narrowest columns, fewer rows
+    assert (narrow["wino_rows"], narrow["wino_cols"]) == (5, 8)
     w = get_workload("resnet_block", tiny=True)
     ps = PlanSpace(w)
-    seeds = {label: params for params, label in ps.seed_trials(None, vector_unit(LLVM))}
+    vectors = vector_unit(LLVM)  # the host's: AVX-512 keeps 6 x 32, AVX2 gets 6 x 16
+    tile = fit_winograd_tile({"wino_rows": 6, "wino_cols": 32}, vectors.accumulator_floats) if vectors else (6, 32)
+    seeds = {label: params for params, label in ps.seed_trials(None, vectors)}
     plan = ps.suggest(optuna.trial.FixedTrial(seeds["seed:winograd"]))[0]
-    assert all(s["wino_cols"] == 32 for s in plan.schedules if s.get("winograd"))
+    tiles = [(s["wino_rows"], s["wino_cols"]) for s in plan.schedules if s.get("winograd")]
+    assert tiles and all(t == tile for t in tiles), (tiles, tile)
     res = evaluate_plan(w, plan, LLVM, QUICK)
     assert res["status"] == OK and res["correct"], res
