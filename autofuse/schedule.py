@@ -63,7 +63,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from autofuse.plan import PlanError
-from autofuse.target import num_threads
+from autofuse.target import VectorUnit, num_threads
 
 BOOL_KNOBS = ("vector", "inline_producers", "inline_epilogue", "pack_weight")
 INT_KNOBS = ("parallel", "unroll", "epilogue_at", "producer_at", "reduce_vector", "outer_first", "k_block",
@@ -173,7 +173,7 @@ SEED_TEMPLATES = ("registers", "inline", "wide", "tall", "packed", "wide-packed"
                   "channels-vector", "winograd")
 
 
-def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None = None) -> dict[str, Any]:
+def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = None) -> dict[str, Any]:
     """Knob overrides of the default schedule that often beat it, measured first by a new
     study: ``inline`` computes producers in their readers; ``wide`` doubles the register
     tile's columns (16 -> 32 accumulators per row); ``tall`` doubles its rows instead (a
@@ -191,34 +191,40 @@ def seed_schedule(nest: LoopNest, template: str, accumulator_floats: int | None 
     3x3 convolution as Winograd F(4x4, 3x3) in blocks of rows of tiles, one thread each
     (``winograd_block``), its GEMMs' register tile 6 x 32 (``fit_winograd_tile``; dropped
     where the group's convolution cannot be: ``autofuse.winograd.eligible``); ``registers`` is the
-    default schedule alone.  The tiles are sized for AVX-512; with ``accumulator_floats``
-    (``target.VectorUnit``) each register tile is shrunk to fit the target's registers,
+    default schedule alone.  The tiles are sized for AVX-512; with ``vectors`` (the
+    target's ``VectorUnit``) each register tile is shrunk to fit the target's registers,
     so ``registers`` differs from the default schedule only where that one does not fit
     (AVX2: its 8 x 16 GEMM tile is 16 of the 16 ymm registers, and spills)."""
     overrides = _template(nest, template)
-    if accumulator_floats is None or (template != "registers" and not overrides):
+    if vectors is None or (template != "registers" and not overrides):
         return overrides
-    fitted = fit_register_tile(nest, overrides, accumulator_floats)
+    fitted = fit_register_tile(nest, overrides, vectors.accumulator_floats)
     if overrides.get("winograd"):
-        fitted["wino_rows"], fitted["wino_cols"] = fit_winograd_tile(overrides, accumulator_floats)
+        fitted["wino_rows"], fitted["wino_cols"] = fit_winograd_tile(overrides, vectors)
     return fitted
 
 
-def fit_winograd_tile(knobs: dict[str, Any], accumulator_floats: int) -> tuple[int, int]:
-    """The Winograd GEMMs' register tile (``wino_rows``, ``wino_cols``) cut so that its
-    accumulators and the row of the other operand each step loads, (rows + 1) x cols floats,
-    take at most three quarters of the register file (twice ``accumulator_floats``); the
-    columns are halved first.  AVX-512 (256 accumulator floats) keeps the seed's 6 x 32;
-    AVX2 (64) gets 6 x 8, where counting the accumulators alone gave 1 x 32.  resnet_block's
-    seed compiled for AVX2, side by side (NOTES 43): 1 x 32 0.975 ms, 6 x 8 0.837, 4 x 16
-    0.743, 6 x 16 0.684 (15 of the 16 registers: this rule is still too cautious there).  On
-    AVX-512 (NOTES 42): 4 x 16 (the knobs' default) 0.546 ms, 8 x 16 0.471, 8 x 32 0.433,
-    6 x 32 0.412."""
+def fit_winograd_tile(knobs: dict[str, Any], vectors: VectorUnit) -> tuple[int, int]:
+    """The Winograd GEMMs' register tile (``wino_rows``, ``wino_cols``) cut to fit the
+    register file: rows x cols / lanes accumulator registers, cols / lanes for the row of
+    the other operand each step loads, and one for the broadcast element; the columns are
+    halved first, then rows dropped.  AVX-512 (32 registers of 16 floats) keeps the seed's
+    6 x 32 (15 registers); AVX2 (16 of 8) gets 6 x 16 (15).  resnet_block's seed compiled
+    for AVX2, side by side (NOTES 43): 1 x 32 (counting accumulators alone) 0.975 ms, 6 x 8
+    (three quarters of the file, NOTES 43's first rule) 0.837, 4 x 16 0.743, 6 x 16 0.684.
+    On AVX-512 (NOTES 42): 4 x 16 (the knobs' default) 0.546 ms, 8 x 16 0.471, 8 x 32
+    0.433, 6 x 32 0.412."""
     rows, cols = knobs["wino_rows"], knobs["wino_cols"]
-    budget = 3 * accumulator_floats // 2
-    while cols > WINOGRAD_COLS[0] and (rows + 1) * cols > budget:
+
+    def registers(r: int, c: int) -> int:
+        vecs = -(-c // vectors.lanes)
+        return r * vecs + vecs + 1
+
+    while cols > WINOGRAD_COLS[0] and registers(rows, cols) > vectors.registers:
         cols //= 2
-    return max(WINOGRAD_ROWS[0], min(rows, budget // cols - 1)), cols
+    while rows > WINOGRAD_ROWS[0] and registers(rows, cols) > vectors.registers:
+        rows -= 1
+    return rows, cols
 
 
 def _template(nest: LoopNest, template: str) -> dict[str, Any]:

@@ -181,7 +181,6 @@ class PlanSpace:
         which the templates' register tiles are sized to fit.  ``templates=False``: the stored
         best only (a plain random-search baseline samples the space without this knowledge)."""
         w = self.workload
-        budget = vectors.accumulator_floats if vectors else None
         seeds: list[tuple[dict[str, Any], str]] = []
         if stored_best is not None:
             try:
@@ -196,7 +195,7 @@ class PlanSpace:
         for part, label in partitions:
             nests = [group_anchor(g, grp)[1] for grp in part]
             plans = [w.partition_plan(part, True, label)]  # on the default partition: the default plan, dropped below
-            plans += [w.partition_plan(part, True, f"{label}:{name}", [seed_schedule(n, name, budget) for n in nests])
+            plans += [w.partition_plan(part, True, f"{label}:{name}", [seed_schedule(n, name, vectors) for n in nests])
                       for name in SEED_TEMPLATES]
             if g.uses_transcendentals:  # libm's exp/tanh/erf are scalar calls: the approximations vectorize
                 # with the templates too, on the default partition: a plan with both otherwise waits

@@ -12,7 +12,7 @@ from autofuse.plan import PlanError
 from autofuse.runner import OK, evaluate_plan
 from autofuse.schedule import LoopNest, ScheduleRejected, knob_space
 from autofuse.space import space_names
-from autofuse.target import parse_target
+from autofuse.target import VectorUnit, parse_target
 from autofuse.workload import get_workload
 
 LLVM = parse_target("llvm")
@@ -334,7 +334,7 @@ def test_vector_axis_needs_whole_sums_in_a_tile():
 
 
 def test_vector_unit_is_read_from_the_targets_cpu_features():
-    from autofuse.target import VectorUnit, vector_unit
+    from autofuse.target import vector_unit
 
     assert vector_unit(parse_target({"kind": "llvm", "mcpu": "znver3"})) == VectorUnit(8, 16)  # AVX2
     assert vector_unit(parse_target({"kind": "llvm", "mcpu": "skylake-avx512"})) == VectorUnit(16, 32)
@@ -348,8 +348,9 @@ CONV = LoopNest((1, 64, 56, 56), (64, 3, 3))
 
 @pytest.mark.parametrize("nest", [GEMM, CONV, LoopNest((1, 24, 28, 28), (48, 1, 1)), LoopNest((2, 16, 30), (7,))],
                          ids=["gemm", "conv", "conv1x1", "odd"])
-@pytest.mark.parametrize("floats", [32, 64, 128, 256])
-def test_seed_register_tiles_fit_the_accumulator_budget(nest, floats):
+@pytest.mark.parametrize("vectors", [VectorUnit(4, 16), VectorUnit(8, 16), VectorUnit(8, 32), VectorUnit(16, 32)],
+                         ids=["sse", "avx2", "256bit-x32", "avx512"])
+def test_seed_register_tiles_fit_the_accumulator_budget(nest, vectors):
     """Every template that applies here (``registers`` always does) has a register tile (the
     product of the inner spatial tiles) within the target's budget, except where only the
     vector axis is left to cut; the vector axis's tile is never cut."""
@@ -357,20 +358,22 @@ def test_seed_register_tiles_fit_the_accumulator_budget(nest, floats):
 
     from autofuse.schedule import SEED_TEMPLATES, resolve_knobs, seed_schedule
 
+    floats = vectors.accumulator_floats
     for template in SEED_TEMPLATES:
         if template != "registers" and not seed_schedule(nest, template):
-            assert seed_schedule(nest, template, floats) == {}  # not applicable stays not applicable
+            assert seed_schedule(nest, template, vectors) == {}  # not applicable stays not applicable
             continue
-        knobs = resolve_knobs(nest, seed_schedule(nest, template, floats))
+        knobs = resolve_knobs(nest, seed_schedule(nest, template, vectors))
         tiles = [min(knobs[f"t{i}"], ext) for i, ext in enumerate(nest.spatial)]
         others = [t for i, t in enumerate(tiles) if i != knobs["vector_axis"]]
         assert math.prod(tiles) <= floats or all(t == 1 for t in others), (template, tiles)
         unfitted = resolve_knobs(nest, seed_schedule(nest, template))
         assert knobs[f"t{knobs['vector_axis']}"] == unfitted[f"t{unfitted['vector_axis']}"]
-        # a Winograd convolution's GEMMs: their tile and the row each step loads within three
-        # quarters of the register file (twice the budget), one row of the narrowest columns at least
+        # a Winograd convolution's GEMMs: their accumulators, the row each step loads and the
+        # broadcast element within the register file, one row of the narrowest columns at least
         def wino_fit(k: dict) -> bool:
-            return (k["wino_rows"] + 1) * k["wino_cols"] <= 3 * floats // 2
+            vecs = -(-k["wino_cols"] // vectors.lanes)
+            return k["wino_rows"] * vecs + vecs + 1 <= vectors.registers
 
         wino_fits = not unfitted["winograd"] or wino_fit(unfitted)
         if knobs["winograd"]:
@@ -387,18 +390,19 @@ def test_register_tiles_on_avx2_and_avx512():
     AVX-512's 256 floats every template is the one tuned on it (measured, NOTES 36)."""
     from autofuse.schedule import seed_schedule
 
-    assert seed_schedule(GEMM, "registers", 64) == {"t0": 4}
-    assert seed_schedule(GEMM, "wide-packed", 64) == {"t1": 32, "pack_weight": True, "t0": 2}
-    assert seed_schedule(CONV, "channels-vector", 64) == {"vector_axis": 1, "t1": 16, "pack_weight": True, "t3": 4}
-    assert seed_schedule(CONV, "registers", 64) == {"t1": 4}
-    assert seed_schedule(GEMM, "tall", 256) == {"t0": 16}  # 16 x 16: half of AVX-512's registers
-    assert seed_schedule(CONV, "tall", 256) == {"t2": 2}  # 8 channels x 2 image rows x 16 columns
-    assert seed_schedule(CONV, "tall", 64) == {"t2": 2, "t1": 2}  # AVX2: the channels give way
+    avx2, avx512 = VectorUnit(8, 16), VectorUnit(16, 32)
+    assert seed_schedule(GEMM, "registers", avx2) == {"t0": 4}
+    assert seed_schedule(GEMM, "wide-packed", avx2) == {"t1": 32, "pack_weight": True, "t0": 2}
+    assert seed_schedule(CONV, "channels-vector", avx2) == {"vector_axis": 1, "t1": 16, "pack_weight": True, "t3": 4}
+    assert seed_schedule(CONV, "registers", avx2) == {"t1": 4}
+    assert seed_schedule(GEMM, "tall", avx512) == {"t0": 16}  # 16 x 16: half of AVX-512's registers
+    assert seed_schedule(CONV, "tall", avx512) == {"t2": 2}  # 8 channels x 2 image rows x 16 columns
+    assert seed_schedule(CONV, "tall", avx2) == {"t2": 2, "t1": 2}  # AVX2: the channels give way
     assert seed_schedule(LoopNest((8, 30), (7,)), "tall") == {}  # 8 rows: no taller divisor of 8
     assert seed_schedule(LoopNest((1, 32, 112, 112), (1, 3, 3)), "tall") == {}  # depthwise: no shared loads
     for template in ("registers", "wide-packed", "channels-vector", "inline"):
         for nest in (GEMM, CONV):
-            assert seed_schedule(nest, template, 256) == seed_schedule(nest, template)
+            assert seed_schedule(nest, template, avx512) == seed_schedule(nest, template)
 
 
 @pytest.mark.parametrize("space", ["gemm_bn", "conv_bn_relu"])

@@ -18,7 +18,7 @@ from autofuse.schedule import (LoopNest, ScheduleRejected, _realizes, fit_winogr
                                winograd_block)
 from autofuse.search import PlanSpace
 from autofuse.space import Space, Tensor
-from autofuse.target import parse_target, vector_unit
+from autofuse.target import VectorUnit, parse_target, vector_unit
 from autofuse.workload import Workload, get_workload
 from autofuse import winograd
 
@@ -154,20 +154,22 @@ def test_the_winograd_seed_cuts_the_rows_of_tiles_into_a_block_per_thread_at_lea
     assert winograd_block(conv, 2, threads=2) == 14
 
 
-def test_the_winograd_seeds_register_tile_and_its_loaded_row_fit_three_quarters_of_the_registers():
+def test_the_winograd_seeds_register_tile_its_loaded_row_and_broadcast_fit_the_registers():
     conv = LoopNest((1, 64, 56, 56), (64, 3, 3))
-    avx512 = seed_schedule(conv, "winograd", accumulator_floats=256)
+    avx512 = seed_schedule(conv, "winograd", VectorUnit(16, 32))  # 6 x 2 + 2 + 1 = 15 of 32 registers
     assert (avx512["winograd"], avx512["wino_rows"], avx512["wino_cols"]) == (4, 6, 32)
-    half = seed_schedule(conv, "winograd", accumulator_floats=128)  # the columns halved once
-    assert (half["wino_rows"], half["wino_cols"]) == (6, 16)
-    avx2 = seed_schedule(conv, "winograd", accumulator_floats=64)  # 16 ymm of 8 floats: 6 + 1 + 1 registers
-    assert (avx2["wino_rows"], avx2["wino_cols"]) == (6, 8)
-    narrow = seed_schedule(conv, "winograd", accumulator_floats=32)  # the narrowest columns, fewer rows
-    assert (narrow["wino_rows"], narrow["wino_cols"]) == (5, 8)
+    avx2 = seed_schedule(conv, "winograd", VectorUnit(8, 16))  # 6 x 2 + 2 + 1 = 15 of 16 (6 x 32: 29)
+    assert (avx2["wino_rows"], avx2["wino_cols"]) == (6, 16)
+    neon = seed_schedule(conv, "winograd", VectorUnit(4, 32))  # 6 x 4 + 4 + 1 = 29 of 32
+    assert (neon["wino_rows"], neon["wino_cols"]) == (6, 16)
+    sse = seed_schedule(conv, "winograd", VectorUnit(4, 16))  # 6 x 2 + 2 + 1 = 15 of 16
+    assert (sse["wino_rows"], sse["wino_cols"]) == (6, 8)
+    tiny = seed_schedule(conv, "winograd", VectorUnit(4, 8))  # the narrowest columns, then fewer rows: 2 x 2 + 3
+    assert (tiny["wino_rows"], tiny["wino_cols"]) == (2, 8)
     w = get_workload("resnet_block", tiny=True)
     ps = PlanSpace(w)
     vectors = vector_unit(LLVM)  # the host's: AVX-512 keeps 6 x 32, AVX2 gets 6 x 16
-    tile = fit_winograd_tile({"wino_rows": 6, "wino_cols": 32}, vectors.accumulator_floats) if vectors else (6, 32)
+    tile = fit_winograd_tile({"wino_rows": 6, "wino_cols": 32}, vectors) if vectors else (6, 32)
     seeds = {label: params for params, label in ps.seed_trials(None, vectors)}
     plan = ps.suggest(optuna.trial.FixedTrial(seeds["seed:winograd"]))[0]
     tiles = [(s["wino_rows"], s["wino_cols"]) for s in plan.schedules if s.get("winograd")]
