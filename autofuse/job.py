@@ -445,15 +445,26 @@ def run_job(cfg: JobConfig, progress_factory: Any = None) -> JobResult:
 
 def final_candidates(complete: list[optuna.trial.FrozenTrial], top_k: int) -> dict[str, tuple[str, str]]:
     """plan hash -> (plan JSON, label) of the plans a job re-measures at its end: the
-    ``top_k`` best-scored plans (whatever found them: sampler, seed, mutation) and the
-    references, whatever their rank (and named so if the search re-found them)."""
+    ``top_k`` best-scored plans (whatever found them: sampler, seed, mutation), the last
+    ``top_k`` plans that won their side-by-side comparison with the best (the incumbents:
+    one win in a slow stretch can score a slower plan below every earlier best and push
+    them out of the top k; mobilenet_block's 3-minute final lost its fastest plan so,
+    NOTES 44), and the references, whatever their rank (and named so if the search
+    re-found them)."""
     chosen: dict[str, tuple[str, str]] = {}
-    for t in sorted(complete, key=lambda t: t.value):
+
+    def take(t: optuna.trial.FrozenTrial) -> None:
+        chosen.setdefault(t.user_attrs["plan_hash"], (t.user_attrs["plan"], t.user_attrs.get("label", "tuned")))
+
+    ranked = [t for t in sorted(complete, key=lambda t: t.value)
+              if t.user_attrs.get("plan_hash") and t.user_attrs.get("label") not in REFERENCE_PLANS]
+    for t in ranked:
         if len(chosen) == top_k:
             break
-        h = t.user_attrs.get("plan_hash")
-        if h and h not in chosen and t.user_attrs.get("label") not in REFERENCE_PLANS:
-            chosen[h] = (t.user_attrs["plan"], t.user_attrs.get("label", "tuned"))
+        take(t)
+    incumbents = [t for t in sorted(ranked, key=lambda t: t.number) if (t.user_attrs.get("confirm") or {}).get("faster")]
+    for t in incumbents[-top_k:]:
+        take(t)
     for t in complete:
         label = t.user_attrs.get("label")
         if label in REFERENCE_PLANS:

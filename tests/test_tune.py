@@ -427,6 +427,28 @@ def test_the_final_remeasurement_takes_the_top_k_plans_whatever_found_them_and_t
     assert chosen["d"] == ("plan d", "default") and chosen["m1"] == ("plan m1", "mutation")
 
 
+def test_the_final_remeasurement_also_takes_the_last_incumbents_whatever_their_scores():
+    """A plan that won its side-by-side comparison in a slow stretch is scored below every
+    earlier best; the earlier bests it displaced still run in the final (NOTES 44)."""
+    from autofuse.job import final_candidates
+
+    def trial(number, h, value, faster=None):
+        attrs = {"plan_hash": h, "plan": f"plan {h}", "label": "mutation"}
+        if faster is not None:
+            attrs["confirm"] = {"faster": faster}
+        t = optuna.trial.create_trial(value=value, user_attrs=attrs)
+        t.number = number
+        return t
+
+    complete = [trial(0, "d", 0.18), trial(1, "b1", 0.17, True), trial(2, "b2", 0.16, True),
+                trial(3, "b3", 0.15, True), trial(4, "lost", 0.16, False), trial(5, "slow", 0.12, True),
+                trial(6, "s1", 0.11, True), trial(7, "s2", 0.10, True)]
+    assert set(final_candidates(complete, top_k=3)) == {"s2", "s1", "slow"}  # the last incumbents are the top 3
+    complete[5:] = [trial(5, "slow", 0.12, True), trial(6, "s1", 0.11, False), trial(7, "s2", 0.10, False)]
+    # top 3 by score: s2, s1, slow; the last 3 incumbents: b2, b3, slow; never the one that lost
+    assert set(final_candidates(complete, top_k=3)) == {"s2", "s1", "slow", "b2", "b3"}
+
+
 def test_mutations_start_from_the_tied_plan_that_ran_fastest_side_by_side():
     """A tie is scored exactly the incumbent's value; Optuna's best trial is then the first
     of the tie (often the unfused seed), and the search would stay in its neighbourhood.
