@@ -194,11 +194,11 @@ def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = No
     default schedule alone.  The tiles are sized for AVX-512; with ``vectors`` (the
     target's ``VectorUnit``) each register tile is shrunk to fit the target's registers,
     so ``registers`` differs from the default schedule only where that one does not fit
-    (AVX2: its 8 x 16 GEMM tile is 16 of the 16 ymm registers, and spills)."""
+    (AVX2: its 8 x 16 GEMM tile needs 19 of the 16 ymm registers, and spills)."""
     overrides = _template(nest, template)
     if vectors is None or (template != "registers" and not overrides):
         return overrides
-    fitted = fit_register_tile(nest, overrides, vectors.accumulator_floats)
+    fitted = fit_register_tile(nest, overrides, vectors)
     if overrides.get("winograd"):
         fitted["wino_rows"], fitted["wino_cols"] = fit_winograd_tile(overrides, vectors)
     return fitted
@@ -206,23 +206,17 @@ def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = No
 
 def fit_winograd_tile(knobs: dict[str, Any], vectors: VectorUnit) -> tuple[int, int]:
     """The Winograd GEMMs' register tile (``wino_rows``, ``wino_cols``) cut to fit the
-    register file: rows x cols / lanes accumulator registers, cols / lanes for the row of
-    the other operand each step loads, and one for the broadcast element; the columns are
-    halved first, then rows dropped.  AVX-512 (32 registers of 16 floats) keeps the seed's
+    register file (:meth:`VectorUnit.fits`: the accumulators, the row each step loads and
+    the broadcast element); the columns are halved first, then rows dropped.  AVX-512 (32 registers of 16 floats) keeps the seed's
     6 x 32 (15 registers); AVX2 (16 of 8) gets 6 x 16 (15).  resnet_block's seed compiled
     for AVX2, side by side (NOTES 43): 1 x 32 (counting accumulators alone) 0.975 ms, 6 x 8
     (three quarters of the file, NOTES 43's first rule) 0.837, 4 x 16 0.743, 6 x 16 0.684.
     On AVX-512 (NOTES 42): 4 x 16 (the knobs' default) 0.546 ms, 8 x 16 0.471, 8 x 32
     0.433, 6 x 32 0.412."""
     rows, cols = knobs["wino_rows"], knobs["wino_cols"]
-
-    def registers(r: int, c: int) -> int:
-        vecs = -(-c // vectors.lanes)
-        return r * vecs + vecs + 1
-
-    while cols > WINOGRAD_COLS[0] and registers(rows, cols) > vectors.registers:
+    while cols > WINOGRAD_COLS[0] and not vectors.fits(rows, cols):
         cols //= 2
-    while rows > WINOGRAD_ROWS[0] and registers(rows, cols) > vectors.registers:
+    while rows > WINOGRAD_ROWS[0] and not vectors.fits(rows, cols):
         rows -= 1
     return rows, cols
 
@@ -274,22 +268,28 @@ def winograd_block(nest: LoopNest, m: int, threads: int) -> int:
     return max(fits, default=0)
 
 
-def fit_register_tile(nest: LoopNest, overrides: dict[str, Any], accumulator_floats: int) -> dict[str, Any]:
-    """``overrides`` with the register tile (the inner spatial tiles of a reduction) cut to at
-    most ``accumulator_floats`` floats: the widest tile other than the vector axis shrinks to
-    a smaller divisor of its loop, until the tile fits or only the vector axis is left.  A
-    tile that spills its accumulators to the stack on every step runs 2-10x slower (NOTES 36)."""
+def fit_register_tile(nest: LoopNest, overrides: dict[str, Any], vectors: VectorUnit) -> dict[str, Any]:
+    """``overrides`` with the register tile (the inner spatial tiles of a reduction) cut to fit
+    the register file (:meth:`VectorUnit.fits`, its rows being the product of the tiles other
+    than the vector axis's): the widest of those shrinks to a smaller divisor of its loop,
+    until the tile fits or only the vector axis is left.  A tile that spills its accumulators
+    to the stack on every step runs 2-10x slower (NOTES 36).  The same count sizes the
+    Winograd tile (:func:`fit_winograd_tile`)."""
     if not nest.has_reduction:
         return overrides
     knobs = {**default_knobs(nest), **overrides}
+    axis = knobs["vector_axis"]
     tiles = {i: min(knobs[f"t{i}"], ext) for i, ext in enumerate(nest.spatial)}
+    cols = tiles.pop(axis, 1)
+    vecs = -(-cols // vectors.lanes)
+    max_rows = max(1, (vectors.registers - 1 - vecs) // vecs)  # the most rows tile_registers allows
     out = dict(overrides)
-    while (acc := math.prod(tiles.values())) > accumulator_floats:
-        rows = [i for i, t in tiles.items() if t > 1 and i != knobs["vector_axis"]]
+    while not vectors.fits(math.prod(tiles.values()), cols):
+        rows = [i for i, t in tiles.items() if t > 1]
         if not rows:
             break
         i = max(rows, key=lambda a: tiles[a])
-        cap = max(1, tiles[i] * accumulator_floats // acc)
+        cap = max(1, max_rows // (math.prod(tiles.values()) // tiles[i]))
         tiles[i] = _largest_divisor(nest.spatial[i], min(cap, tiles[i] - 1))
         out[f"t{i}"] = tiles[i]
     return out

@@ -50,11 +50,17 @@ class VectorUnit:
     lanes: int
     registers: int
 
-    @property
-    def accumulator_floats(self) -> int:
-        """Floats a register tile may keep: half the register file (the other half holds the
-        inputs each step loads and broadcasts)."""
-        return self.lanes * self.registers // 2
+    def tile_registers(self, rows: int, cols: int) -> int:
+        """Vector registers a ``rows`` x ``cols`` register tile (``cols`` along the vector
+        axis) keeps busy in each reduction step: its accumulators, the row of the other
+        operand the step loads, and one for the element it broadcasts."""
+        vectors = -(-cols // self.lanes)
+        return rows * vectors + vectors + 1
+
+    def fits(self, rows: int, cols: int) -> bool:
+        """Whether that tile fits the register file (one that does not spills its
+        accumulators to the stack on every step: 2-10x slower, NOTES 36)."""
+        return self.tile_registers(rows, cols) <= self.registers
 
 
 def vector_unit(target: Target) -> VectorUnit | None:

@@ -339,7 +339,11 @@ def test_vector_unit_is_read_from_the_targets_cpu_features():
     assert vector_unit(parse_target({"kind": "llvm", "mcpu": "znver3"})) == VectorUnit(8, 16)  # AVX2
     assert vector_unit(parse_target({"kind": "llvm", "mcpu": "skylake-avx512"})) == VectorUnit(16, 32)
     assert vector_unit(parse_target("cuda")) is None
-    assert VectorUnit(8, 16).accumulator_floats == 64 and VectorUnit(16, 32).accumulator_floats == 256
+    # a tile's registers: its accumulators, the row each step loads, the broadcast element
+    assert VectorUnit(8, 16).tile_registers(8, 16) == 19 and not VectorUnit(8, 16).fits(8, 16)  # AVX2 spills 8 x 16
+    assert VectorUnit(8, 16).tile_registers(6, 16) == 15 and VectorUnit(8, 16).fits(6, 16)
+    assert VectorUnit(16, 32).tile_registers(8, 32) == 19 and VectorUnit(16, 32).fits(14, 32)
+    assert not VectorUnit(16, 32).fits(15, 32) and VectorUnit(4, 16).tile_registers(1, 14) == 9
 
 
 GEMM = LoopNest((256, 1024), (1024,))
@@ -350,15 +354,15 @@ CONV = LoopNest((1, 64, 56, 56), (64, 3, 3))
                          ids=["gemm", "conv", "conv1x1", "odd"])
 @pytest.mark.parametrize("vectors", [VectorUnit(4, 16), VectorUnit(8, 16), VectorUnit(8, 32), VectorUnit(16, 32)],
                          ids=["sse", "avx2", "256bit-x32", "avx512"])
-def test_seed_register_tiles_fit_the_accumulator_budget(nest, vectors):
-    """Every template that applies here (``registers`` always does) has a register tile (the
-    product of the inner spatial tiles) within the target's budget, except where only the
-    vector axis is left to cut; the vector axis's tile is never cut."""
+def test_seed_register_tiles_fit_the_register_file(nest, vectors):
+    """Every template that applies here (``registers`` always does) has a register tile (its
+    rows: the product of the inner spatial tiles off the vector axis) that fits the target's
+    registers, except where only the vector axis is left to cut; the vector axis's tile is
+    never cut."""
     import math
 
     from autofuse.schedule import SEED_TEMPLATES, resolve_knobs, seed_schedule
 
-    floats = vectors.accumulator_floats
     for template in SEED_TEMPLATES:
         if template != "registers" and not seed_schedule(nest, template):
             assert seed_schedule(nest, template, vectors) == {}  # not applicable stays not applicable
@@ -366,32 +370,36 @@ def test_seed_register_tiles_fit_the_accumulator_budget(nest, vectors):
         knobs = resolve_knobs(nest, seed_schedule(nest, template, vectors))
         tiles = [min(knobs[f"t{i}"], ext) for i, ext in enumerate(nest.spatial)]
         others = [t for i, t in enumerate(tiles) if i != knobs["vector_axis"]]
-        assert math.prod(tiles) <= floats or all(t == 1 for t in others), (template, tiles)
+        assert vectors.fits(math.prod(others), tiles[knobs["vector_axis"]]) or all(t == 1 for t in others), \
+            (template, tiles)
         unfitted = resolve_knobs(nest, seed_schedule(nest, template))
         assert knobs[f"t{knobs['vector_axis']}"] == unfitted[f"t{unfitted['vector_axis']}"]
         # a Winograd convolution's GEMMs: their accumulators, the row each step loads and the
         # broadcast element within the register file, one row of the narrowest columns at least
         def wino_fit(k: dict) -> bool:
-            vecs = -(-k["wino_cols"] // vectors.lanes)
-            return k["wino_rows"] * vecs + vecs + 1 <= vectors.registers
+            return vectors.fits(k["wino_rows"], k["wino_cols"])
 
         wino_fits = not unfitted["winograd"] or wino_fit(unfitted)
         if knobs["winograd"]:
             assert wino_fit(knobs) or (knobs["wino_rows"], knobs["wino_cols"]) == (1, 8), knobs
             assert knobs["wino_cols"] <= unfitted["wino_cols"] and knobs["wino_rows"] <= unfitted["wino_rows"]
-        if math.prod(min(unfitted[f"t{i}"], e) for i, e in enumerate(nest.spatial)) <= floats and wino_fits:
+        axis = unfitted["vector_axis"]
+        unfitted_rows = math.prod(min(unfitted[f"t{i}"], e) for i, e in enumerate(nest.spatial) if i != axis)
+        if vectors.fits(unfitted_rows, min(unfitted[f"t{axis}"], nest.spatial[axis])) and wino_fits:
             assert knobs == unfitted, template  # a tile that fits is left alone
     assert seed_schedule(nest, "registers") == {}
 
 
 def test_register_tiles_on_avx2_and_avx512():
-    """AVX2's 16 ymm registers hold 64 accumulator floats: a GEMM's 8 x 16 tile becomes 4 x 16,
-    the wide 8 x 32 one 2 x 32, a convolution's 16-channel vector tile keeps 4 columns; with
-    AVX-512's 256 floats every template is the one tuned on it (measured, NOTES 36)."""
+    """AVX2's 16 ymm registers fit 6 rows of a 16-column tile (12 accumulators, the 2 vectors
+    each step loads, 1 broadcast): a GEMM's 8 x 16 tile becomes 6 x 16 where 6 divides its
+    rows, 4 x 16 where not, the wide 8 x 32 one 2 x 32, a convolution's 16-channel vector tile
+    keeps 4 columns; on AVX-512 every template is the one tuned on it (measured, NOTES 36)."""
     from autofuse.schedule import seed_schedule
 
     avx2, avx512 = VectorUnit(8, 16), VectorUnit(16, 32)
     assert seed_schedule(GEMM, "registers", avx2) == {"t0": 4}
+    assert seed_schedule(LoopNest((192, 256), (256,)), "registers", avx2) == {"t0": 6}  # 15 of 16 registers
     assert seed_schedule(GEMM, "wide-packed", avx2) == {"t1": 32, "pack_weight": True, "t0": 2}
     assert seed_schedule(CONV, "channels-vector", avx2) == {"vector_axis": 1, "t1": 16, "pack_weight": True, "t3": 4}
     assert seed_schedule(CONV, "registers", avx2) == {"t1": 4}

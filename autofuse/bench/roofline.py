@@ -128,7 +128,7 @@ def sgemm_register_tile(vectors: VectorUnit | None) -> tuple[int, int]:
     if vectors is None:
         return 8, 32
     cols = 2 * vectors.lanes
-    return max(1, vectors.accumulator_floats // cols), cols
+    return max(1, vectors.lanes * vectors.registers // 2 // cols), cols  # half the file: the peak as measured since NOTES 36
 
 
 def _tvm_sgemm_flops(n: int, seconds: float) -> float:
