@@ -372,7 +372,8 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     """autofuse's best plan vs unfused, TVM (default, MetaSchedule), onnxruntime, NumPy and the roofline."""
     from pathlib import Path
 
-    from autofuse.bench import COLUMNS, cell, peer_geomeans, random_cell, report_columns, run_bench
+    from autofuse.bench import (COLUMNS, cell, paired_cell, paired_peers, peer_geomeans, random_cell, report_columns,
+                                run_bench)
     from autofuse.job import parse_duration
     from autofuse.space import space_names
     from autofuse.target import parse_target
@@ -426,6 +427,10 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
                 row.append(random_cell(r.get("search_vs_random")))
             t.add_row(*row)
         console.print(t)
+        if paired := paired_peers(report):
+            console.print("back to back with autofuse (peer time / autofuse time, quartiles): " + "; ".join(
+                f"{r['space']}: " + ", ".join(f"{p} {paired_cell(r, p, markdown=False)}" for p in paired if paired_cell(r, p))
+                for r in report["spaces"] if any(paired_cell(r, p) for p in paired)))
         if peers := peer_geomeans(report):
             console.print("geomean speedup of autofuse: " + ", ".join(f"{k} {v:.2f}×" for k, v in peers.items()))
         console.print(f"peaks: {report['peaks']['peak_gflops']:.0f} GFLOP/s ({report['peaks']['peak_source']} SGEMM 2048³), "

@@ -331,6 +331,42 @@ def test_the_plans_of_the_search_checks_are_checked_and_timed_in_the_columns_rou
     assert pairs[1].into["error"].startswith("plan oo: wrong result") and "paired" not in pairs[1].into
 
 
+def test_autofuse_is_timed_back_to_back_with_metaschedule_and_onnxruntime(monkeypatch, tmp_path):
+    """The peers the targets name are also timed back to back with autofuse (a tie at the
+    roofline can read a few percent either way in the rounds); the ratio is the peer's time
+    over autofuse's, pair by pair, and the report shows it with its quartiles.  A peer with a
+    wrong result is never timed, and its pair says why; a column that is no such peer gets
+    no pair."""
+    from autofuse.bench import run as bench_run
+    from autofuse.bench.report import markdown_report
+    from autofuse.workload import get_workload
+
+    _, expected = get_workload("ew_chain", tiny=True).check_data()
+
+    def runnable(name: str, ms: float, output=lambda: expected):
+        r = _fake_runnable(name, [], None)
+        r.output, r.timer = output, lambda repeats, _ms: [ms] * repeats
+        return r
+
+    cols = [runnable("autofuse", 1.0), runnable("tvm-metaschedule", 1.03), runnable("onnxruntime", 2.0, lambda: expected + 1),
+            runnable("numpy", 9.0)]
+    monkeypatch.setattr(bench_run, "build_columns", lambda *a, **k: (cols, [], {}))
+    result = bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=1, repeats=1, include=())
+    paired = result["paired_vs_autofuse"]
+    assert set(paired) == {"tvm-metaschedule", "onnxruntime"}
+    ms = paired["tvm-metaschedule"]
+    assert ms["tvm-metaschedule_over_autofuse"] == pytest.approx(1.03) and ms["paired"]["pairs"] == bench_run.PAIRED_TIMINGS
+    assert paired["onnxruntime"]["error"].startswith("onnxruntime: wrong result") and "paired" not in paired["onnxruntime"]
+    peaks = {"peak_gflops": 150.0, "bandwidth_gbs": 30.0, "peak_source": "numpy"}
+    report = {"date": "2026-12-05", "threads": 2, "tvm_version": "0.27", "budget_s": 600, "rounds": 1, "repeats": 1,
+              "peaks": peaks, "spaces": [result], "geomean_speedup_of_autofuse": {"autofuse": 1.0}}
+    md = markdown_report(report)
+    assert "| space | tvm-metaschedule | onnxruntime |" in md
+    assert "| ew_chain | **1.03x** (1.03-1.03) | failed: onnxruntime: wrong result" in md
+    del result["paired_vs_autofuse"]  # a report from before these pairs: no such table
+    assert "Back to back with autofuse" not in markdown_report(report)
+
+
 def test_plans_timed_back_to_back_compare_through_a_machine_whose_speed_flips():
     """Two plans of the same speed on a machine that runs everything 2x slower in every other
     stretch of calls: their medians over blocks of repeats (as in the rounds) can differ by

@@ -128,6 +128,11 @@ def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
 
 
 EARLY_SHARE = 0.3  # the issue's "95% of the 10-minute best within the first 3 minutes"
+PAIRED_TIMINGS = 24  # back-to-back timings of each pair of plans (``PlanPair.time_paired``)
+# Peers the issue's targets name, also timed back to back with autofuse: where the two are a
+# few percent apart (a tie at the roofline), the rounds' medians can draw different speed
+# levels of this host for the two columns, and pairs taken back to back mostly share one.
+PAIRED_PEERS = ("tvm-metaschedule", "onnxruntime")
 
 
 @dataclass
@@ -172,7 +177,7 @@ class PlanPair:
         if a is b:
             out[f"{kb}_over_{ka}"] = 1.0
         elif bad is not None:
-            out["error"] = f"plan {bad.plan_hash}: {bad.column.error or 'not timed'}"
+            out["error"] = f"{f'plan {bad.plan_hash}' if bad.plan_hash else bad.column.name}: {bad.column.error or 'not timed'}"
         else:
             ms_a, ms_b = a.column.median_ms, b.column.median_ms
             out.update({f"{ka}_ms": ms_a, f"{kb}_ms": ms_b, f"{kb}_over_{ka}": ms_b / ms_a,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofuse.bench.columns import COLUMNS
+from autofuse.bench.columns import COLUMNS, PAIRED_PEERS, PAIRED_TIMINGS
 from autofuse.bench.curves import random_kind
 
 
@@ -57,6 +57,24 @@ def early_cell(early: dict[str, Any] | None) -> str:
     else:
         how = " (medians of the rounds)"
     return f"{100 * early['final_over_early']:.0f}% of the final best at {early['at_s']:.0f} s{same}{how}"
+
+
+def paired_cell(result: dict[str, Any], peer: str, *, markdown: bool = True) -> str:
+    """The peer's time over autofuse's, timed back to back (the median of the pairs' ratios,
+    and their quartiles); empty where the report has no such pair (a peer not run, or a
+    report from before these pairs)."""
+    pair = (result.get("paired_vs_autofuse") or {}).get(peer) or {}
+    ratio, q = pair.get(f"{peer}_over_autofuse"), pair.get("paired")
+    if pair.get("error"):
+        return f"failed: {pair['error'][:50]}"
+    if not ratio or not q:
+        return ""
+    return f"**{ratio:.2f}x** ({q['q1']:.2f}-{q['q3']:.2f})" if markdown else f"{ratio:.2f}× ({q['q1']:.2f}-{q['q3']:.2f})"
+
+
+def paired_peers(report: dict[str, Any]) -> list[str]:
+    """The peers some space of the report has timed back to back with autofuse."""
+    return [p for p in PAIRED_PEERS if any(paired_cell(r, p) for r in report["spaces"])]
 
 
 def report_columns(report: dict[str, Any]) -> list[str]:
@@ -113,6 +131,15 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
         if vs_random:
             row.append(random_cell(r.get("search_vs_random")))
         lines.append("| " + " | ".join(row) + " |")
+    paired = paired_peers(report)
+    if paired:
+        lines += ["", f"Back to back with autofuse: peer time / autofuse time, the median over {PAIRED_TIMINGS} pairs of "
+                  "timings taken right after each other (A B, then B A, ...), with the quartiles: the ratio the "
+                  "rounds' medians above give, read without the host's speed levels (a tie at the roofline "
+                  "can read a few percent either way in the rounds).", "",
+                  "| space | " + " | ".join(paired) + " |", "|---" * (len(paired) + 1) + "|"]
+        lines += ["| " + " | ".join([r["space"], *(paired_cell(r, p) for p in paired)]) + " |"
+                  for r in report["spaces"]]
     if peers := peer_geomeans(report):
         lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in peers.items()) + "."]
@@ -124,7 +151,7 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
               "returned (the job's final re-measurement, for a tenth of that time, over the plans found by "
-              "then) against the final best: the median, over 24 pairs of timings back to back, of final time "
+              f"then) against the final best: the median, over {PAIRED_TIMINGS} pairs of timings back to back, of final time "
               "over early time (>= 95%: the target is met). Back to back, because the machine's speed flips "
               "between two levels every second or so and a plan's median in the rounds can draw the slow one."]
     if vs_random:

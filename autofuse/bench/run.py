@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autofuse.bench.columns import COLUMNS, bench_db, build_columns
+from autofuse.bench.columns import COLUMNS, PAIRED_PEERS, PAIRED_TIMINGS, PlanPair, _Runnable, bench_db, build_columns
 from autofuse.bench.curves import random_kind, reached_95pct_at
 from autofuse.bench.plots import plot_bench
 from autofuse.bench.report import markdown_report, runs_of
@@ -22,8 +22,6 @@ from autofuse.bench.roofline import machine_peaks, roofline_ms, work_of
 from autofuse.measure import compare
 from autofuse.target import Target, num_threads
 from autofuse.workload import get_workload
-
-PAIRED_TIMINGS = 24  # back-to-back timings of each search check's two plans (``PlanPair.time_paired``)
 
 
 def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, tiny: bool = False, rounds: int = 5,
@@ -58,14 +56,19 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
         for r in runnables[start:] + runnables[:start]:
             if r.column.correct:
                 r.column.samples_ms.extend(r.timer(repeats, min_repeat_ms))
+    paired_peers = _peer_pairs(columns)
+    pairs += list(paired_peers.values())
     if pairs:
-        progress(f"{name}: timing the search checks' plans back to back, {PAIRED_TIMINGS} pairs each")
+        progress(f"{name}: timing {len(pairs)} pairs of plans back to back (search checks, autofuse against "
+                 f"its peers), {PAIRED_TIMINGS} timings each")
     for p in pairs:
         p.time_paired(PAIRED_TIMINGS, min_repeat_ms)
         p.finish()
     work = work_of(w)
     result: dict[str, Any] = {"space": name, "tiny": tiny, "workload": w.hash, "budget_s": budget_s,
                               "columns": {r.column.name: r.column.as_dict() for r in columns}, **work, **extra}
+    if paired_peers:
+        result["paired_vs_autofuse"] = {peer: p.into for peer, p in paired_peers.items()}
     if peaks:
         result["roofline_ms"] = roofline_ms(work, peaks)
     af = result["columns"].get("autofuse", {}).get("median_ms")
@@ -77,6 +80,17 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
         if extra.get("autofuse_curve"):
             result["autofuse_95pct_at_s"] = reached_95pct_at(extra["autofuse_curve"])
     return result
+
+
+def _peer_pairs(columns: list[_Runnable]) -> dict[str, PlanPair]:
+    """peer name -> the pair (autofuse, peer) to time back to back, for each of
+    ``PAIRED_PEERS`` that ran beside autofuse; ``finish`` fills its ``into`` with
+    ``<peer>_over_autofuse`` (the median of the pairs' ratios) and their quartiles."""
+    by_name = {r.column.name: r for r in columns}
+    autofuse = by_name.get("autofuse")
+    if autofuse is None:
+        return {}
+    return {peer: PlanPair(("autofuse", peer), (autofuse, by_name[peer]), {}) for peer in PAIRED_PEERS if peer in by_name}
 
 
 def _clear_scratch(out_dir: Path, spaces: list[str]) -> None:
