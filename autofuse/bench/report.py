@@ -146,7 +146,9 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
     if any((r.get("autofuse_over_roofline") or 1.0) < 1.0 for r in report["spaces"]):
         lines += ["", "autofuse/roofline below 1x: the roofline counts the FLOPs of the graph as written (a "
                   "convolution computed directly); a plan that computes the same function with fewer "
-                  "(a Winograd convolution, the `winograd` knob) can run below it."]
+                  "(a Winograd convolution, the `winograd` knob) can run below it. And the peaks are measured "
+                  "once, at the start of each run, on a shared host: a plan at the roofline can read a few "
+                  "percent under it."]
     lines += ["", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
