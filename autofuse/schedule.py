@@ -207,8 +207,9 @@ def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = No
 def fit_winograd_tile(knobs: dict[str, Any], vectors: VectorUnit) -> tuple[int, int]:
     """The Winograd GEMMs' register tile (``wino_rows``, ``wino_cols``) cut to fit the
     register file (:meth:`VectorUnit.fits`: the accumulators, the row each step loads and
-    the broadcast element); the columns are halved first, then rows dropped.  AVX-512 (32 registers of 16 floats) keeps the seed's
-    6 x 32 (15 registers); AVX2 (16 of 8) gets 6 x 16 (15).  resnet_block's seed compiled
+    the broadcast element); the columns are halved first, then rows dropped.  AVX-512 (32
+    registers of 16 floats) keeps the seed's 6 x 32 (15 registers); AVX2 (16 of 8) gets
+    6 x 16 (15).  resnet_block's seed compiled
     for AVX2, side by side (NOTES 43): 1 x 32 (counting accumulators alone) 0.975 ms, 6 x 8
     (three quarters of the file, NOTES 43's first rule) 0.837, 4 x 16 0.743, 6 x 16 0.684.
     On AVX-512 (NOTES 42): 4 x 16 (the knobs' default) 0.546 ms, 8 x 16 0.471, 8 x 32

@@ -15,10 +15,12 @@ measured peak FLOP/s and bandwidth.
 from autofuse.bench.columns import COLUMNS, Column
 from autofuse.bench.curves import StudyHistory, best_at, reached_95pct_at, search_curves, search_vs_random
 from autofuse.bench.plots import plot_bench
-from autofuse.bench.report import cell, markdown_report, paired_cell, paired_peers, peer_geomeans, random_cell, report_columns
+from autofuse.bench.report import (cell, markdown_report, paired_cell, paired_peers, peer_geomeans, random_cell,
+                                   report_columns)
 from autofuse.bench.roofline import machine_peaks, roofline_ms, work_of
 from autofuse.bench.run import BenchAppendError, bench_space, run_bench
 
 __all__ = ["COLUMNS", "BenchAppendError", "Column", "StudyHistory", "bench_space", "best_at", "cell", "machine_peaks",
-           "markdown_report", "paired_cell", "paired_peers", "peer_geomeans", "plot_bench", "random_cell", "reached_95pct_at", "report_columns", "roofline_ms",
-           "run_bench", "search_curves", "search_vs_random", "work_of"]
+           "markdown_report", "paired_cell", "paired_peers", "peer_geomeans", "plot_bench", "random_cell",
+           "reached_95pct_at", "report_columns", "roofline_ms", "run_bench", "search_curves", "search_vs_random",
+           "work_of"]

@@ -177,7 +177,8 @@ class PlanPair:
         if a is b:
             out[f"{kb}_over_{ka}"] = 1.0
         elif bad is not None:
-            out["error"] = f"{f'plan {bad.plan_hash}' if bad.plan_hash else bad.column.name}: {bad.column.error or 'not timed'}"
+            what = f"plan {bad.plan_hash}" if bad.plan_hash else bad.column.name  # a peer's column has no plan
+            out["error"] = f"{what}: {bad.column.error or 'not timed'}"
         else:
             ms_a, ms_b = a.column.median_ms, b.column.median_ms
             out.update({f"{ka}_ms": ms_a, f"{kb}_ms": ms_b, f"{kb}_over_{ka}": ms_b / ms_a,

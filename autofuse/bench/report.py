@@ -153,8 +153,8 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
               "returned (the job's final re-measurement, for a tenth of that time, over the plans found by "
-              f"then) against the final best: the median, over {PAIRED_TIMINGS} pairs of timings back to back, of final time "
-              "over early time (>= 95%: the target is met). Back to back, because the machine's speed flips "
+              f"then) against the final best: the median, over {PAIRED_TIMINGS} pairs of timings back to back, "
+              "of final time over early time (>= 95%: the target is met). Back to back, because the machine's speed flips "
               "between two levels every second or so and a plan's median in the rounds can draw the slow one."]
     if vs_random:
         lines += ["", "Random search at equal trials: random sampling of the same space, tuned for the same budget "
