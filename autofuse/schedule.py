@@ -282,16 +282,15 @@ def fit_register_tile(nest: LoopNest, overrides: dict[str, Any], vectors: Vector
     axis = knobs["vector_axis"]
     tiles = {i: min(knobs[f"t{i}"], ext) for i, ext in enumerate(nest.spatial)}
     cols = tiles.pop(axis, 1)
-    vecs = -(-cols // vectors.lanes)
-    max_rows = max(1, (vectors.registers - 1 - vecs) // vecs)  # the most rows tile_registers allows
     out = dict(overrides)
     while not vectors.fits(math.prod(tiles.values()), cols):
         rows = [i for i, t in tiles.items() if t > 1]
         if not rows:
             break
         i = max(rows, key=lambda a: tiles[a])
-        cap = max(1, max_rows // (math.prod(tiles.values()) // tiles[i]))
-        tiles[i] = _largest_divisor(nest.spatial[i], min(cap, tiles[i] - 1))
+        others = math.prod(tiles.values()) // tiles[i]
+        cap = max((r for r in range(1, tiles[i]) if vectors.fits(others * r, cols)), default=1)
+        tiles[i] = _largest_divisor(nest.spatial[i], cap)
         out[f"t{i}"] = tiles[i]
     return out
 
