@@ -428,9 +428,10 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
             t.add_row(*row)
         console.print(t)
         if paired := paired_peers(report):
-            console.print("back to back with autofuse (peer time / autofuse time, quartiles): " + "; ".join(
-                f"{r['space']}: " + ", ".join(f"{p} {paired_cell(r, p, markdown=False)}" for p in paired if paired_cell(r, p))
-                for r in report["spaces"] if any(paired_cell(r, p) for p in paired)))
+            by_space = {r["space"]: [f"{p} {c}" for p in paired if (c := paired_cell(r, p, markdown=False))]
+                        for r in report["spaces"]}
+            console.print("back to back with autofuse (peer time / autofuse time, quartiles): "
+                          + "; ".join(f"{space}: {', '.join(cells)}" for space, cells in by_space.items() if cells))
         if peers := peer_geomeans(report):
             console.print("geomean speedup of autofuse: " + ", ".join(f"{k} {v:.2f}×" for k, v in peers.items()))
         console.print(f"peaks: {report['peaks']['peak_gflops']:.0f} GFLOP/s ({report['peaks']['peak_source']} SGEMM 2048³), "
