@@ -483,5 +483,24 @@ def test_a_plan_faster_than_the_roofline_is_explained_under_the_table():
     report = {"date": "2026-12-04", "threads": 2, "tvm_version": "0.27", "budget_s": 600, "rounds": 5, "repeats": 3,
               "peaks": peaks, "spaces": [space], "geomean_speedup_of_autofuse": {"autofuse": 1.0}}
     assert "roofline below 1x" in markdown_report(report)
+    assert "conv_bn_relu's" not in markdown_report(report)  # no cache size recorded: no space named
+    space["bytes"] = 4.7e6  # fits in the 32 MiB last-level cache recorded by its run: named as such
+    report["runs"] = [{"date": "2026-12-04", "spaces": ["conv_bn_relu"],
+                       "peaks": {**peaks, "last_level_cache_bytes": 32 << 20}}]
+    assert "(conv_bn_relu's 4.7 MB, in this machine's 32 MiB)" in markdown_report(report)
+    space["bytes"] = 40e6  # larger than the cache: read from DRAM, not named
+    assert "conv_bn_relu's" not in markdown_report(report)
     space["autofuse_over_roofline"] = 1.2
     assert "roofline below 1x" not in markdown_report(report)
+
+
+def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
+    """The largest of the CPU's caches (Linux writes sizes as '48K', '32768K'); None when the
+    directory says nothing, as on a machine without sysfs."""
+    from autofuse.bench.roofline import last_level_cache_bytes
+
+    assert last_level_cache_bytes(tmp_path) is None
+    for i, size in enumerate(["48K", "1024K", "32768K", "bogus"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 32 << 20

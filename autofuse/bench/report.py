@@ -95,6 +95,15 @@ def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
                                    "peaks": report["peaks"]}]
 
 
+def cache_resident(report: dict[str, Any]) -> list[tuple[dict[str, Any], int]]:
+    """The rows below their roofline whose bytes fit in the last-level cache of the machine
+    that measured them, with that cache's size (runs from before it was recorded: none)."""
+    cache_of = {space: run["peaks"].get("last_level_cache_bytes") for run in runs_of(report) for space in run["spaces"]}
+    return [(r, cache_of[r["space"]]) for r in report["spaces"]
+            if (r.get("autofuse_over_roofline") or 1.0) < 1.0 and cache_of.get(r["space"])
+            and r.get("bytes") and r["bytes"] <= cache_of[r["space"]]]
+
+
 def markdown_report(report: dict[str, Any], command: str = "") -> str:
     """The bench as a markdown table (what results/README.md shows)."""
     cols = report_columns(report)
@@ -144,11 +153,18 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
         lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in peers.items()) + "."]
     if any((r.get("autofuse_over_roofline") or 1.0) < 1.0 for r in report["spaces"]):
+        resident = cache_resident(report)
+        in_cache = ", ".join(f"{r['space']}'s {r['bytes'] / 1e6:.1f} MB" for r, _ in resident)
+        caches = sorted({llc for _, llc in resident})
         lines += ["", "autofuse/roofline below 1x: the roofline counts the FLOPs of the graph as written (a "
                   "convolution computed directly); a plan that computes the same function with fewer "
-                  "(a Winograd convolution, the `winograd` knob) can run below it. And the peaks are measured "
-                  "once, at the start of each run, on a shared host: a plan at the roofline can read a few "
-                  "percent under it."]
+                  "(a Winograd convolution, the `winograd` knob) can run below it. Its bandwidth is a 256 MiB "
+                  "copy's, from DRAM: a space whose bytes fit in the last-level cache stays there between "
+                  "repeats and can run faster"
+                  + (f" ({in_cache}, in this machine's {' / '.join(f'{c / 2**20:.0f}' for c in caches)} MiB)"
+                     if in_cache else "")
+                  + ". And the peaks are measured once, at the start of each run, on a shared host: a plan at "
+                  "the roofline can read a few percent under it."]
     lines += ["", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -97,7 +98,22 @@ def machine_peaks(seconds: float = 1.0, peak_timing_s: float = PEAK_TIMING_S) ->
     if tvm_bw > bw:
         bw, bw_source = tvm_bw, "TVM parallel vectorized copy"
     return {"peak_gflops": flops / 1e9, "peak_source": source, "bandwidth_gbs": bw / 1e9, "bandwidth_source": bw_source,
-            "copy_threads": threads}
+            "copy_threads": threads, "last_level_cache_bytes": last_level_cache_bytes()}
+
+
+def last_level_cache_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The size of the CPU's largest cache, as Linux reports it (None where it does not).  The
+    bandwidth is a 256 MiB copy's, from DRAM; a workload whose bytes fit in this cache stays
+    there between repeats and can run below the roofline (layernorm_residual's 4.7 MB)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = []
+    for f in cache_dir.glob("index*/size"):
+        try:
+            text = f.read_text().strip().upper()
+            sizes.append(int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=None)
 
 
 def _tvm_copy_bandwidth(n: int, threads: int, seconds: float) -> float:
