@@ -7,6 +7,7 @@ from typing import Any
 
 from autofuse.bench.columns import COLUMNS, PAIRED_PEERS, PAIRED_TIMINGS
 from autofuse.bench.curves import random_kind
+from autofuse.bench.roofline import COPY_FLOATS
 
 
 def cell(result: dict[str, Any], column: str, *, markdown: bool) -> str:
@@ -95,13 +96,17 @@ def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
                                    "peaks": report["peaks"]}]
 
 
+def below_roofline(row: dict[str, Any]) -> bool:
+    """Whether autofuse ran faster than the space's roofline floor (the report says why)."""
+    return (row.get("autofuse_over_roofline") or 1.0) < 1.0
+
+
 def cache_resident(report: dict[str, Any]) -> list[tuple[dict[str, Any], int]]:
     """The rows below their roofline whose bytes fit in the last-level cache of the machine
     that measured them, with that cache's size (runs from before it was recorded: none)."""
     cache_of = {space: run["peaks"].get("last_level_cache_bytes") for run in runs_of(report) for space in run["spaces"]}
-    return [(r, cache_of[r["space"]]) for r in report["spaces"]
-            if (r.get("autofuse_over_roofline") or 1.0) < 1.0 and cache_of.get(r["space"])
-            and r.get("bytes") and r["bytes"] <= cache_of[r["space"]]]
+    return [(r, llc) for r in report["spaces"]
+            if below_roofline(r) and (llc := cache_of.get(r["space"])) and r.get("bytes") and r["bytes"] <= llc]
 
 
 def markdown_report(report: dict[str, Any], command: str = "") -> str:
@@ -152,14 +157,14 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
     if peers := peer_geomeans(report):
         lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in peers.items()) + "."]
-    if any((r.get("autofuse_over_roofline") or 1.0) < 1.0 for r in report["spaces"]):
+    if any(below_roofline(r) for r in report["spaces"]):
         resident = cache_resident(report)
         in_cache = ", ".join(f"{r['space']}'s {r['bytes'] / 1e6:.1f} MB" for r, _ in resident)
         caches = sorted({llc for _, llc in resident})
         lines += ["", "autofuse/roofline below 1x: the roofline counts the FLOPs of the graph as written (a "
                   "convolution computed directly); a plan that computes the same function with fewer "
-                  "(a Winograd convolution, the `winograd` knob) can run below it. Its bandwidth is a 256 MiB "
-                  "copy's, from DRAM: a space whose bytes fit in the last-level cache stays there between "
+                  "(a Winograd convolution, the `winograd` knob) can run below it. Its bandwidth is a "
+                  f"{COPY_FLOATS * 4 >> 20} MiB copy's, from DRAM: a space whose bytes fit in the last-level cache stays there between "
                   "repeats and can run faster"
                   + (f" ({in_cache}, in this machine's {' / '.join(f'{c / 2**20:.0f}' for c in caches)} MiB)"
                      if in_cache else "")

@@ -24,6 +24,8 @@ from autofuse.workload import Workload
 # copy was timed for 0.2 s within a slow second read 37.8 GB/s, against 66.4 in the run
 # before, and put ew_chain's floor above autofuse's own time (0.42x).
 PEAK_TIMING_S = 5.0
+# Floats the bandwidth copy moves, 256 MiB: larger than any CPU cache, so it reads DRAM.
+COPY_FLOATS = 64 << 20
 
 
 def best_run_s(run: Callable[[], list[float]], seconds: float,
@@ -82,7 +84,7 @@ def machine_peaks(seconds: float = 1.0, peak_timing_s: float = PEAK_TIMING_S) ->
     from concurrent.futures import ThreadPoolExecutor
 
     threads = num_threads()
-    src = np.ones(64 << 20, dtype=np.float32)  # 256 MiB
+    src = np.ones(COPY_FLOATS, dtype=np.float32)
     dst = np.empty_like(src)
     step = src.size // threads
     chunks = [(dst[i * step:(i + 1) * step], src[i * step:(i + 1) * step]) for i in range(threads)]
@@ -103,7 +105,7 @@ def machine_peaks(seconds: float = 1.0, peak_timing_s: float = PEAK_TIMING_S) ->
 
 def last_level_cache_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
     """The size of the CPU's largest cache, as Linux reports it (None where it does not).  The
-    bandwidth is a 256 MiB copy's, from DRAM; a workload whose bytes fit in this cache stays
+    bandwidth is a ``COPY_FLOATS`` copy's, from DRAM; a workload whose bytes fit in this cache stays
     there between repeats and can run below the roofline (layernorm_residual's 4.7 MB)."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     sizes = []
