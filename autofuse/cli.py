@@ -373,7 +373,7 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
     from pathlib import Path
 
     from autofuse.bench import (COLUMNS, cell, paired_cell, paired_peers, peer_geomeans, random_cell, report_columns,
-                                run_bench)
+                                roofline_cell, run_bench)
     from autofuse.job import parse_duration
     from autofuse.space import space_names
     from autofuse.target import parse_target
@@ -427,11 +427,13 @@ def bench(spaces: tuple[str, ...], target_text: str, budget_text: str, out_dir: 
                 row.append(random_cell(r.get("search_vs_random")))
             t.add_row(*row)
         console.print(t)
-        if paired := paired_peers(report):
-            by_space = {r["space"]: [f"{p} {c}" for p in paired if (c := paired_cell(r, p, markdown=False))]
-                        for r in report["spaces"]}
-            console.print("back to back with autofuse (peer time / autofuse time, quartiles): "
-                          + "; ".join(f"{space}: {', '.join(cells)}" for space, cells in by_space.items() if cells))
+        paired = paired_peers(report)
+        by_space = {r["space"]: [f"{p} {c}" for p in paired if (c := paired_cell(r, p, markdown=False))]
+                    + [f"autofuse/roofline {c}" for c in [roofline_cell(r, markdown=False)] if c]
+                    for r in report["spaces"]}
+        if any(by_space.values()):
+            console.print("back to back with autofuse (peer time / autofuse time, autofuse time / its floor's; "
+                          "quartiles): " + "; ".join(f"{space}: {', '.join(cells)}" for space, cells in by_space.items() if cells))
         if peers := peer_geomeans(report):
             console.print("geomean speedup of autofuse: " + ", ".join(f"{k} {v:.2f}×" for k, v in peers.items()))
         console.print(f"peaks: {report['peaks']['peak_gflops']:.0f} GFLOP/s ({report['peaks']['peak_source']} SGEMM 2048³), "

@@ -23,6 +23,7 @@ def test_bench_tiny_all_columns_correct(tmp_path):
         assert col["correct"] is True, (name, col)  # every column computes the same function
         assert col["median_ms"] > 0 and col["spread_ms"] >= 0
     assert space["roofline_ms"] > 0 and space["flops"] > 0 and space["bytes"] > 0
+    assert space["roofline_paired"]["autofuse_over_roofline"] > 0  # the floor's kernel timed beside the plan
     assert report["peaks"]["peak_gflops"] > 0 and report["peaks"]["bandwidth_gbs"] > 0
     assert set(space["ratios_vs_autofuse"]) >= {"unfused", "onnxruntime"}
     assert json.loads(Path(report["json"]).read_text())["spaces"][0]["space"] == "ew_chain"
@@ -365,6 +366,64 @@ def test_autofuse_is_timed_back_to_back_with_metaschedule_and_onnxruntime(monkey
     assert "| ew_chain | **1.03x** (1.03-1.03) | failed: onnxruntime: wrong result" in md
     del result["paired_vs_autofuse"]  # a report from before these pairs: no such table
     assert "Back to back with autofuse" not in markdown_report(report)
+
+
+def test_autofuse_is_timed_back_to_back_with_its_roofline_floor(monkeypatch, tmp_path):
+    """The peaks are each kernel's fastest run at the start of the bench, while a plan's
+    median can draw the host's slow level: the kernel that bounds the space (the copy for a
+    memory-bound one) is timed again beside autofuse's plan, its time scaled to the space's
+    bytes, and the report gives autofuse's time over it, pair by pair, with the quartiles."""
+    from autofuse.bench import roofline
+    from autofuse.bench import run as bench_run
+    from autofuse.bench.report import markdown_report
+    from autofuse.workload import get_workload
+
+    _, expected = get_workload("ew_chain", tiny=True).check_data()
+    af = _fake_runnable("autofuse", [])
+    af.output, af.timer = lambda: expected, lambda repeats, _ms: [1.5] * repeats
+    monkeypatch.setattr(bench_run, "build_columns", lambda *a, **k: ([af], [], {}))
+    built = []
+
+    def fake_kernel(term):
+        built.append(term)  # a copy of 1e6 bytes in 1 ms (seconds per run): 1e9 B/s at this moment
+        return roofline.PeakKernel(term, 1e6, "a copy", lambda repeats, _ms: [1e-3] * repeats)
+
+    monkeypatch.setattr(bench_run, "peak_kernel", fake_kernel)
+    peaks = {"peak_gflops": 1e6, "bandwidth_gbs": 2.0, "peak_source": "numpy"}  # the start's fastest copy: 2e9 B/s
+    result = bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=1, repeats=1, include=(), peaks=peaks)
+    assert built == ["bytes"]  # ew_chain is memory-bound: its floor is the copy's
+    floor_ms = result["bytes"] / 1e6  # its bytes at the copy's speed beside the plan
+    assert result["roofline_ms"] == pytest.approx(result["bytes"] / 2e9 * 1e3)  # the start's peak: half that
+    pair = result["roofline_paired"]
+    assert pair["term"] == "bytes" and pair["kernel"] == "a copy" and pair["roofline_ms"] == pytest.approx(floor_ms)
+    assert pair["autofuse_over_roofline"] == pytest.approx(1.5 / floor_ms)
+    assert pair["paired"]["pairs"] == bench_run.PAIRED_TIMINGS
+    report = {"date": "2026-12-05", "threads": 2, "tvm_version": "0.27", "budget_s": 600, "rounds": 1, "repeats": 1,
+              "peaks": peaks, "spaces": [result], "geomean_speedup_of_autofuse": {"autofuse": 1.0}}
+    md = markdown_report(report)
+    assert "| space | autofuse/roofline |" in md
+    assert f"| ew_chain | **{1.5 / floor_ms:.2f}x** ({1.5 / floor_ms:.2f}-{1.5 / floor_ms:.2f}) |" in md
+    # a compute-bound space gets the SGEMM; no peaks (or no correct autofuse plan): no floor pair
+    assert roofline.roofline_term({"flops": 1e9, "bytes": 1e3}, peaks) == "flops"
+    assert "roofline_paired" not in bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=1,
+                                                          repeats=1, include=())
+    af.output = lambda: expected + 1
+    assert "roofline_paired" not in bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=1,
+                                                          repeats=1, include=(), peaks=peaks)
+
+
+def test_the_peak_kernels_time_what_they_compute():
+    """The kernels whose fastest runs set the peaks: the copy moves 8 bytes per float (read +
+    written), the SGEMM 2 n^3 FLOPs, and both time in seconds per run."""
+    from autofuse.bench.roofline import copy_kernel, sgemm_kernel
+
+    copy = copy_kernel(1 << 16, 2)
+    assert copy.term == "bytes" and copy.work == 8 * (1 << 16) and "copy" in copy.name
+    sgemm = sgemm_kernel(64)
+    assert sgemm is not None and sgemm.term == "flops" and sgemm.work == 2 * 64**3
+    for k in (copy, sgemm):
+        runs = k.run_s(3, 1)
+        assert len(runs) == 3 and all(0 < t < 1 for t in runs)
 
 
 def test_plans_timed_back_to_back_compare_through_a_machine_whose_speed_flips():

@@ -64,8 +64,17 @@ def paired_cell(result: dict[str, Any], peer: str, *, markdown: bool = True) -> 
     """The peer's time over autofuse's, timed back to back (the median of the pairs' ratios,
     and their quartiles); empty where the report has no such pair (a peer not run, or a
     report from before these pairs)."""
-    pair = (result.get("paired_vs_autofuse") or {}).get(peer) or {}
-    ratio, q = pair.get(f"{peer}_over_autofuse"), pair.get("paired")
+    return _pair_text((result.get("paired_vs_autofuse") or {}).get(peer) or {}, f"{peer}_over_autofuse", markdown)
+
+
+def roofline_cell(result: dict[str, Any], *, markdown: bool = True) -> str:
+    """autofuse's time over its roofline floor's, the floor's peak kernel timed back to back
+    with the plan (``roofline_paired``); empty in reports from before these pairs."""
+    return _pair_text(result.get("roofline_paired") or {}, "autofuse_over_roofline", markdown)
+
+
+def _pair_text(pair: dict[str, Any], key: str, markdown: bool) -> str:
+    ratio, q = pair.get(key), pair.get("paired")
     if pair.get("error"):
         return f"failed: {pair['error'][:50]}"
     if not ratio or not q:
@@ -97,8 +106,10 @@ def runs_of(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def below_roofline(row: dict[str, Any]) -> bool:
-    """Whether autofuse ran faster than the space's roofline floor (the report says why)."""
-    return (row.get("autofuse_over_roofline") or 1.0) < 1.0
+    """Whether autofuse ran faster than the space's roofline floor, in the rounds or back to
+    back with the floor's kernel (the report says why)."""
+    back_to_back = (row.get("roofline_paired") or {}).get("autofuse_over_roofline")
+    return min(row.get("autofuse_over_roofline") or 1.0, back_to_back or 1.0) < 1.0
 
 
 def cache_resident(report: dict[str, Any]) -> list[tuple[dict[str, Any], int]]:
@@ -146,14 +157,20 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
             row.append(random_cell(r.get("search_vs_random")))
         lines.append("| " + " | ".join(row) + " |")
     paired = paired_peers(report)
-    if paired:
+    floors = any(roofline_cell(r) for r in report["spaces"])
+    if paired or floors:
         lines += ["", f"Back to back with autofuse: peer time / autofuse time, the median over {PAIRED_TIMINGS} pairs of "
                   "timings taken right after each other (A B, then B A, ...), with the quartiles: the ratio the "
                   "rounds' medians above give, read without the host's speed levels (a tie at the roofline "
-                  "can read a few percent either way in the rounds).", "",
-                  "| space | " + " | ".join(paired) + " |", "|---" * (len(paired) + 1) + "|"]
-        lines += ["| " + " | ".join([r["space"], *(paired_cell(r, p) for p in paired)]) + " |"
-                  for r in report["spaces"]]
+                  "can read a few percent either way in the rounds)."
+                  + (" autofuse/roofline: autofuse's time over its floor's, the kernel that measured the peak "
+                     "bounding the space (the copy for bytes, the SGEMM for FLOPs) timed beside the plan, its "
+                     "time scaled to the space's bytes or FLOPs: the floor at the speed the host runs at "
+                     "that moment, where the table above divides by the fastest run at the start." if floors else ""),
+                  "", "| space | " + " | ".join(paired + ["autofuse/roofline"] * floors) + " |",
+                  "|---" * (len(paired) + floors + 1) + "|"]
+        lines += ["| " + " | ".join([r["space"], *(paired_cell(r, p) for p in paired),
+                                     *([roofline_cell(r)] * floors)]) + " |" for r in report["spaces"]]
     if peers := peer_geomeans(report):
         lines += ["", "Bold: peer time / autofuse time (>1 means autofuse is faster). Geometric mean over spaces: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in peers.items()) + "."]
@@ -165,7 +182,7 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
                   "convolution computed directly); a plan that computes the same function with fewer "
                   "(a Winograd convolution, the `winograd` knob) can run below it. Its bandwidth is a "
                   f"{COPY_FLOATS * 4 >> 20} MiB copy's, from DRAM: a space whose bytes fit in the last-level cache stays there between "
-                  "repeats and can run faster"
+                  "repeats and can run faster, and one a few times larger still keeps part of them there"
                   + (f" ({in_cache}, in this machine's {' / '.join(f'{c / 2**20:.0f}' for c in caches)} MiB)"
                      if in_cache else "")
                   + ". And the peaks are measured once, at the start of each run, on a shared host: a plan at "

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,6 +27,8 @@ from autofuse.workload import Workload
 PEAK_TIMING_S = 5.0
 # Floats the bandwidth copy moves, 256 MiB: larger than any CPU cache, so it reads DRAM.
 COPY_FLOATS = 64 << 20
+# The peak SGEMM's size, n x n times n x n.
+SGEMM_N = 2048
 
 
 def best_run_s(run: Callable[[], list[float]], seconds: float,
@@ -45,7 +48,7 @@ def machine_peaks(seconds: float = 1.0, peak_timing_s: float = PEAK_TIMING_S) ->
     """Peak FLOP/s from a large SGEMM through the fastest of NumPy's BLAS, onnxruntime and a
     TVM kernel on pre-packed weights; bandwidth from a large copy.  The libraries are timed
     for ``seconds``; TVM's kernels, usually the fastest here, for ``peak_timing_s``."""
-    n = 2048
+    n = SGEMM_N
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
     a @ b
@@ -118,9 +121,20 @@ def last_level_cache_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/
     return max(sizes, default=None)
 
 
-def _tvm_copy_bandwidth(n: int, threads: int, seconds: float) -> float:
-    """Bytes read + written per second by a parallel, vectorized TVM copy of n floats, its
-    fastest run in ``seconds``."""
+@dataclass
+class PeakKernel:
+    """A kernel that sets one of the machine's peaks, built and ready to time: the parallel
+    copy (bandwidth) or the packed SGEMM (FLOP/s).  The bench times it again back to back
+    with autofuse's plan, so that plan and floor share the host's speed level."""
+
+    term: str  # the work it does at its peak rate: "bytes" (moved) or "flops"
+    work: float  # bytes read + written, or FLOPs, per run
+    name: str
+    run_s: Callable[[int, float], list[float]]  # (repeats, min_repeat_ms) -> seconds per run of each repeat
+
+
+def copy_kernel(n: int, threads: int) -> PeakKernel:
+    """A parallel, vectorized TVM copy of n floats (bytes read + written)."""
     import tvm
     from tvm import s_tir, te
 
@@ -135,8 +149,24 @@ def _tvm_copy_bandwidth(n: int, threads: int, seconds: float) -> float:
     rt = tvm.compile(sch.mod, tvm.target.Target({"kind": "llvm"})).jit()
     ta = tvm.runtime.tensor(np.ones(n, "float32"))
     tb = tvm.runtime.tensor(np.zeros(n, "float32"))
-    timer = rt.time_evaluator("main", tvm.cpu(), number=1, repeat=5)
-    return 2 * n * 4 / best_run_s(lambda: list(timer(ta, tb).results), seconds)
+    return PeakKernel("bytes", 2.0 * n * 4, f"TVM parallel vectorized copy, {n * 4 >> 20} MiB",
+                      _timer(rt, [ta, tb]))
+
+
+def _timer(rt: Any, args: list[Any]) -> Callable[[int, float], list[float]]:
+    import tvm
+
+    def run_s(repeats: int, min_repeat_ms: float) -> list[float]:
+        f = rt.time_evaluator("main", tvm.cpu(), number=1, repeat=repeats, min_repeat_ms=int(min_repeat_ms))
+        return list(f(*args).results)
+
+    return run_s
+
+
+def _tvm_copy_bandwidth(n: int, threads: int, seconds: float) -> float:
+    """Bytes read + written per second by ``copy_kernel``, its fastest run in ``seconds``."""
+    k = copy_kernel(n, threads)
+    return k.work / best_run_s(lambda: k.run_s(5, 0), seconds)
 
 
 def sgemm_register_tile(vectors: VectorUnit | None) -> tuple[int, int]:
@@ -149,11 +179,10 @@ def sgemm_register_tile(vectors: VectorUnit | None) -> tuple[int, int]:
     return max(1, vectors.lanes * vectors.registers // 2 // cols), cols  # half the file: the peak as measured since NOTES 36
 
 
-def _tvm_sgemm_flops(n: int, seconds: float) -> float:
-    """FLOP/s of an n^3 SGEMM compiled by TVM for this CPU: B pre-packed in column strips
-    (as ``pack_weight`` lays out a weight), a register tile sized to the CPU's vector
-    registers, strips in parallel; its fastest run in ``seconds``.  0 if its result is
-    wrong (then it is no peak at all)."""
+def sgemm_kernel(n: int) -> PeakKernel | None:
+    """An n^3 SGEMM compiled by TVM for this CPU: B pre-packed in column strips (as
+    ``pack_weight`` lays out a weight), a register tile sized to the CPU's vector registers,
+    strips in parallel.  None if its result is wrong (then it is no peak at all)."""
     import tvm
     from tvm import s_tir, te
 
@@ -181,9 +210,14 @@ def _tvm_sgemm_flops(n: int, seconds: float) -> float:
     args = [tvm.runtime.tensor(x) for x in (a_np, packed, np.zeros((n, n), "float32"))]
     rt(*args)
     if not np.allclose(args[2].numpy()[:rows], a_np[:rows] @ b_np, rtol=1e-3, atol=1e-3 * np.sqrt(n)):
-        return 0.0
-    timer = rt.time_evaluator("main", tvm.cpu(), number=1, repeat=5)
-    return 2 * n**3 / best_run_s(lambda: list(timer(*args).results), seconds)
+        return None
+    return PeakKernel("flops", 2.0 * n**3, f"TVM packed SGEMM {n}^3", _timer(rt, args))
+
+
+def _tvm_sgemm_flops(n: int, seconds: float) -> float:
+    """FLOP/s of ``sgemm_kernel``, its fastest run in ``seconds``; 0 if its result is wrong."""
+    k = sgemm_kernel(n)
+    return 0.0 if k is None else k.work / best_run_s(lambda: k.run_s(5, 0), seconds)
 
 
 def work_of(w: Workload) -> dict[str, float]:
@@ -205,3 +239,14 @@ def work_of(w: Workload) -> dict[str, float]:
 def roofline_ms(work: dict[str, float], peaks: dict[str, float]) -> float:
     """max(compute time at peak FLOP/s, time to move the bytes at peak bandwidth), in ms."""
     return max(work["flops"] / (peaks["peak_gflops"] * 1e9), work["bytes"] / (peaks["bandwidth_gbs"] * 1e9)) * 1e3
+
+
+def roofline_term(work: dict[str, float], peaks: dict[str, float]) -> str:
+    """Which of the two bounds sets the floor: "flops" (compute-bound) or "bytes"."""
+    return "flops" if work["flops"] / peaks["peak_gflops"] >= work["bytes"] / peaks["bandwidth_gbs"] else "bytes"
+
+
+def peak_kernel(term: str) -> PeakKernel | None:
+    """The kernel that measured the peak of ``term`` (the fastest source the peaks found may
+    be a library instead; TVM's were the fastest on every report since NOTES 26)."""
+    return sgemm_kernel(SGEMM_N) if term == "flops" else copy_kernel(COPY_FLOATS, num_threads())

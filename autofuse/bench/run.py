@@ -14,11 +14,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autofuse.bench.columns import COLUMNS, PAIRED_PEERS, PAIRED_TIMINGS, PlanPair, _Runnable, bench_db, build_columns
+from autofuse.bench.columns import (COLUMNS, PAIRED_PEERS, PAIRED_TIMINGS, Column, PlanPair, _Runnable, bench_db,
+                                    build_columns)
 from autofuse.bench.curves import random_kind, reached_95pct_at
 from autofuse.bench.plots import plot_bench
 from autofuse.bench.report import markdown_report, runs_of
-from autofuse.bench.roofline import machine_peaks, roofline_ms, work_of
+from autofuse.bench.roofline import machine_peaks, peak_kernel, roofline_ms, roofline_term, work_of
 from autofuse.measure import compare
 from autofuse.target import Target, num_threads
 from autofuse.workload import get_workload
@@ -46,6 +47,10 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
                 r.column.error = f"wrong result (relative error {err:.3g})"
         except Exception as e:
             r.column.correct, r.column.error = False, f"{type(e).__name__}: {e}"
+    work = work_of(w)
+    floor = _floor_runnable(work, peaks, columns) if peaks else None
+    if floor is not None:  # timed in the rounds too: the pair reports both medians
+        runnables.append(floor.runs[0])
     checks = f" and {len(plans)} plans of the search checks" if plans else ""
     progress(f"{name}: timing {len(columns)} columns{checks}, {rounds} interleaved rounds")
     for k in range(rounds):
@@ -57,20 +62,21 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
             if r.column.correct:
                 r.column.samples_ms.extend(r.timer(repeats, min_repeat_ms))
     paired_peers = _peer_pairs(columns)
-    pairs += list(paired_peers.values())
+    pairs += list(paired_peers.values()) + ([floor] if floor else [])
     if pairs:
         progress(f"{name}: timing {len(pairs)} pairs of plans back to back (search checks, autofuse against "
                  f"its peers), {PAIRED_TIMINGS} timings each")
     for p in pairs:
         p.time_paired(PAIRED_TIMINGS, min_repeat_ms)
         p.finish()
-    work = work_of(w)
     result: dict[str, Any] = {"space": name, "tiny": tiny, "workload": w.hash, "budget_s": budget_s,
                               "columns": {r.column.name: r.column.as_dict() for r in columns}, **work, **extra}
     if paired_peers:
         result["paired_vs_autofuse"] = {peer: p.into for peer, p in paired_peers.items()}
     if peaks:
         result["roofline_ms"] = roofline_ms(work, peaks)
+    if floor is not None:
+        result["roofline_paired"] = floor.into
     af = result["columns"].get("autofuse", {}).get("median_ms")
     if af:
         result["ratios_vs_autofuse"] = {k: (c["median_ms"] / af if c["median_ms"] else None)
@@ -91,6 +97,30 @@ def _peer_pairs(columns: list[_Runnable]) -> dict[str, PlanPair]:
     if autofuse is None:
         return {}
     return {peer: PlanPair(("autofuse", peer), (autofuse, by_name[peer]), {}) for peer in PAIRED_PEERS if peer in by_name}
+
+
+def _floor_runnable(work: dict[str, float], peaks: dict[str, float], columns: list[_Runnable]) -> PlanPair | None:
+    """The pair (roofline, autofuse): the kernel that measured the peak setting this space's
+    floor (the copy, or the SGEMM), its time scaled to the space's bytes or FLOPs, timed back
+    to back with autofuse's plan.  The peaks are each kernel's fastest run at the start of
+    the bench, while a plan's median can draw the host's slow level in its rounds (ew_chain
+    read 1.26x of a floor it ran 0.61x of when timed beside the copy, NOTES 47); timed in
+    pairs, plan and floor share a level.  ``finish`` writes ``autofuse_over_roofline``."""
+    autofuse = next((r for r in columns if r.column.name == "autofuse" and r.column.correct), None)
+    if autofuse is None:
+        return None
+    term = roofline_term(work, peaks)
+    kernel = peak_kernel(term)
+    if kernel is None:
+        return None
+    scale = work[term] / kernel.work
+
+    def timer(repeats: int, min_ms: float) -> list[float]:
+        return [s * 1e3 * scale for s in kernel.run_s(repeats, min_ms)]
+
+    into: dict[str, Any] = {"term": term, "kernel": kernel.name}
+    floor = _Runnable(Column("roofline", correct=True, note=kernel.name), timer, lambda: None)
+    return PlanPair(("roofline", "autofuse"), (floor, autofuse), into)
 
 
 def _clear_scratch(out_dir: Path, spaces: list[str]) -> None:
