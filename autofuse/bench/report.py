@@ -182,11 +182,14 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
                   "convolution computed directly); a plan that computes the same function with fewer "
                   "(a Winograd convolution, the `winograd` knob) can run below it. Its bandwidth is a "
                   f"{COPY_FLOATS * 4 >> 20} MiB copy's, from DRAM: a space whose bytes fit in the last-level cache stays there between "
-                  "repeats and can run faster, and one a few times larger still keeps part of them there"
+                  "repeats and can run faster"
                   + (f" ({in_cache}, in this machine's {' / '.join(f'{c / 2**20:.0f}' for c in caches)} MiB)"
                      if in_cache else "")
-                  + ". And the peaks are measured once, at the start of each run, on a shared host: a plan at "
-                  "the roofline can read a few percent under it."]
+                  + ", one a few times larger still keeps part of them there, and half of a copy's bytes are "
+                  "writes, each of which reads its cache line first, where most spaces mostly read. And the "
+                  "peaks are measured once, at the start of each run, on a shared host: a plan at the roofline "
+                  "can read a few percent under it in the main table (the back-to-back one times the floor "
+                  "beside the plan)."]
     lines += ["", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
