@@ -132,6 +132,10 @@ class PeakKernel:
     name: str
     run_s: Callable[[int, float], list[float]]  # (repeats, min_repeat_ms) -> seconds per run of each repeat
 
+    def peak_rate(self, seconds: float) -> float:
+        """Work per second of its fastest run in ``seconds`` (``best_run_s``)."""
+        return self.work / best_run_s(lambda: self.run_s(5, 0), seconds)
+
 
 def copy_kernel(n: int, threads: int) -> PeakKernel:
     """A parallel, vectorized TVM copy of n floats (bytes read + written)."""
@@ -165,8 +169,7 @@ def _timer(rt: Any, args: list[Any]) -> Callable[[int, float], list[float]]:
 
 def _tvm_copy_bandwidth(n: int, threads: int, seconds: float) -> float:
     """Bytes read + written per second by ``copy_kernel``, its fastest run in ``seconds``."""
-    k = copy_kernel(n, threads)
-    return k.work / best_run_s(lambda: k.run_s(5, 0), seconds)
+    return copy_kernel(n, threads).peak_rate(seconds)
 
 
 def sgemm_register_tile(vectors: VectorUnit | None) -> tuple[int, int]:
@@ -217,7 +220,7 @@ def sgemm_kernel(n: int) -> PeakKernel | None:
 def _tvm_sgemm_flops(n: int, seconds: float) -> float:
     """FLOP/s of ``sgemm_kernel``, its fastest run in ``seconds``; 0 if its result is wrong."""
     k = sgemm_kernel(n)
-    return 0.0 if k is None else k.work / best_run_s(lambda: k.run_s(5, 0), seconds)
+    return 0.0 if k is None else k.peak_rate(seconds)
 
 
 def work_of(w: Workload) -> dict[str, float]:

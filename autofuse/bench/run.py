@@ -48,7 +48,7 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
         except Exception as e:
             r.column.correct, r.column.error = False, f"{type(e).__name__}: {e}"
     work = work_of(w)
-    floor = _floor_runnable(work, peaks, columns) if peaks else None
+    floor = _floor_pair(work, peaks, columns) if peaks else None
     if floor is not None:  # timed in the rounds too: the pair reports both medians
         runnables.append(floor.runs[0])
     checks = f" and {len(plans)} plans of the search checks" if plans else ""
@@ -65,7 +65,7 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
     pairs += list(paired_peers.values()) + ([floor] if floor else [])
     if pairs:
         progress(f"{name}: timing {len(pairs)} pairs of plans back to back (search checks, autofuse against "
-                 f"its peers), {PAIRED_TIMINGS} timings each")
+                 f"its peers and its roofline floor), {PAIRED_TIMINGS} timings each")
     for p in pairs:
         p.time_paired(PAIRED_TIMINGS, min_repeat_ms)
         p.finish()
@@ -99,7 +99,7 @@ def _peer_pairs(columns: list[_Runnable]) -> dict[str, PlanPair]:
     return {peer: PlanPair(("autofuse", peer), (autofuse, by_name[peer]), {}) for peer in PAIRED_PEERS if peer in by_name}
 
 
-def _floor_runnable(work: dict[str, float], peaks: dict[str, float], columns: list[_Runnable]) -> PlanPair | None:
+def _floor_pair(work: dict[str, float], peaks: dict[str, float], columns: list[_Runnable]) -> PlanPair | None:
     """The pair (roofline, autofuse): the kernel that measured the peak setting this space's
     floor (the copy, or the SGEMM), its time scaled to the space's bytes or FLOPs, timed back
     to back with autofuse's plan.  The peaks are each kernel's fastest run at the start of
