@@ -293,7 +293,11 @@ def tune(space: str, target_text: str, trials: int | None, timeout_text: str | N
         if b:
             ups = ", ".join(f"{v:.2f}× vs {k.removeprefix('speedup_vs_')}" for k, v in b.items()
                             if k.startswith("speedup_vs_") and v)
-            p75 = f", p75 of {len(b['runs_ms'])} runs {b['p75_ms']:.4f} ms" if b.get("p75_ms") else ""
+            p75 = ""
+            if b.get("p75_ms"):
+                how = (f"both speed levels, {b['slow_runs']} of {len(b['runs_ms'])} runs slow" if b.get("slow_runs")
+                       else f"p75 of {len(b['runs_ms'])} runs")
+                p75 = f", ranked by {b['p75_ms']:.4f} ms ({how})"
             c.print(f"best plan {b['plan_hash']} ({b['label']}): median {b['median_ms']:.4f} ms{p75}"
                     + (f"  ({ups})" if ups else ""))
         o = result.overhead
@@ -339,6 +343,11 @@ class _tune_progress:
 
     def __exit__(self, *exc) -> None:
         self.progress.stop()
+
+    def final_started(self, seconds: float, wait_s: float) -> None:
+        self.progress.console.print(
+            f"final re-measurement of the best plans and the references, interleaved: {seconds:.0f} s, "
+            f"up to {wait_s:.0f} s until it has seen both of the host's speed levels")
 
 
 # ---------------------------------------------------------------- bench

@@ -123,7 +123,8 @@ def register(group: click.Group) -> click.Group:
             from rich.table import Table
 
             t = Table(title=f"autofuse leaderboard ({db.url})",
-                      caption="ranked by p75: a final re-measurement's 75th percentile of runs (else the median)")
+                      caption="ranked by p75: a final re-measurement's 75th percentile of runs, or where it saw "
+                              "the host's two speed levels, the geometric mean of its median in each (else the median)")
             cols = (["#"] if top > 1 else []) + ["workload", "target", "plan", "median ms ± spread", "p75 ms",
                                                  "vs unfused", "vs default", "trials", "tuned at", "TVM", "stale"]
             for c in cols:

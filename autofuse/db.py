@@ -250,7 +250,7 @@ class BestPlan:
     autofuse_version: str
     measured_at: str
     trials: int  # distinct (study, trial_number) measured for workload+target
-    p75_ms: float | None = None  # of a final re-measurement's runs (what finals rank by)
+    p75_ms: float | None = None  # what a final re-measurement ranks by (job.final_rank_ms)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -273,7 +273,7 @@ class LeaderRow:
     autofuse_version: str
     rank: int = 1
     host: dict | None = None  # host fingerprint of the chosen measurement (staleness checks)
-    p75_ms: float | None = None  # of a final re-measurement's runs (what finals rank by)
+    p75_ms: float | None = None  # what a final re-measurement ranks by (job.final_rank_ms)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -336,8 +336,8 @@ class _Rec:
 
     @property
     def rank_ms(self) -> float:
-        """What the measurement ranks by: its runs' 75th percentile when it has one (a
-        final re-measurement), else its median."""
+        """What the measurement ranks by: a final re-measurement's rank time (its runs' 75th
+        percentile, or the mean of its two speed levels: job.final_rank_ms), else its median."""
         return float(self.p75_ms if self.p75_ms is not None else self.median_ms)  # type: ignore[arg-type]
 
 

@@ -6,12 +6,15 @@ an isolated worker process, and records the result in both.  ``workers`` > 1 run
 that loop in several processes on the same study.  At the end the top plans and
 the two reference plans are re-measured together, interleaved, and only those
 final measurements decide which plan is best: by the 75th percentile of each plan's
-runs, so a plan that is fast in quiet minutes and much slower in busy ones does not win.
+runs, so a plan that is fast in quiet minutes and much slower in busy ones does not win,
+or, where the final saw both of the host's speed levels, by its time in each
+(:func:`final_rank_ms`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import logging
 import multiprocessing as mp
 import os
@@ -439,7 +442,12 @@ def run_job(cfg: JobConfig, progress_factory: Any = None) -> JobResult:
                 p.terminate()  # forwards the stop: the worker finishes its trial in flight
             p.join()
     wall = time.perf_counter() - t0
-    final = [] if stop.requested else final_remeasure(cfg, study, job_wall_s=wall, stop=stop)
+    final = []
+    if not stop.requested:
+        announce = getattr(progress_cm, "final_started", None)  # a progress display may say what comes next
+        if announce is not None:
+            announce(final_seconds(wall), final_wait_seconds(wall))
+        final = final_remeasure(cfg, study, job_wall_s=wall, stop=stop)
     return _summarize(cfg, study, before, wall, timers, final, stop.requested, logpath)
 
 
@@ -489,12 +497,42 @@ def runs_p75(run_medians: list[float]) -> float:
 FINAL_SHARE = 0.1
 FINAL_MAX_S = 120.0
 
+# The host's two speed levels (NOTES 45, 48): stretches of seconds to minutes in which kernels
+# that wait on memory run up to 1.6x slower.  Plans can tie in one level and differ by 1.4x in
+# the other (ew_chain's tie in the slow level, mobilenet_block's in the fast one), so a final
+# that has seen one level goes on, up to FINAL_WAIT_SHARE of the job (at most
+# FINAL_WAIT_MAX_S), until it has LEVEL_ROUNDS rounds in each; the unfused plan, whose
+# intermediates all go through memory, tells the levels apart.
+LEVEL_RATIO = 1.25  # the unfused plan's runs: 1.6x apart across the levels, within 10% inside one
+LEVEL_ROUNDS = 3
+FINAL_WAIT_SHARE = 0.25
+FINAL_WAIT_MAX_S = 300.0
+LEVEL_MARKERS = ("unfused", "default")  # the first of these a final times marks the levels
+
+
+def slow_rounds(marker_rounds: list[int], marker_runs: list[float]) -> set[int] | None:
+    """The rounds of a final that fell in the host's slow level, by the marker plan's run
+    median in each (``marker_runs[i]`` was timed in round ``marker_rounds[i]``), split at the
+    geometric mean of its fastest and slowest run; None unless the final has seen both levels:
+    runs LEVEL_RATIO apart, and LEVEL_ROUNDS of them in each."""
+    if not marker_runs:
+        return None
+    lo, hi = min(marker_runs), max(marker_runs)
+    if hi < LEVEL_RATIO * lo:
+        return None
+    cut = math.sqrt(lo * hi)
+    slow = {r for r, m in zip(marker_rounds, marker_runs) if m >= cut}
+    if min(len(slow), len(marker_runs) - len(slow)) < LEVEL_ROUNDS:
+        return None
+    return slow
+
 
 @dataclass
 class FinalTiming:
     """One plan's runs in a final re-measurement: the samples of each run."""
 
     runs: list[list[float]] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)  # the round of each run
     error: str | None = None
 
     @property
@@ -507,22 +545,61 @@ class FinalTiming:
 
     @property
     def p75(self) -> float | None:
-        """What the final ranks plans by (:func:`runs_p75`); None for a failed or untimed plan."""
+        """:func:`runs_p75` of its runs; None for a failed or untimed plan."""
         return runs_p75(self.run_medians) if self.error is None and self.runs else None
+
+    def level_ms(self, slow: set[int]) -> float | None:
+        """The geometric mean of its median run in the fast and in the slow rounds (``slow``):
+        both levels weigh the same, however long the final spent in each; None where it
+        lacks runs in either."""
+        fast_runs = [m for r, m in zip(self.rounds, self.run_medians) if r not in slow]
+        slow_runs = [m for r, m in zip(self.rounds, self.run_medians) if r in slow]
+        if self.error is not None or not fast_runs or not slow_runs:
+            return None
+        return math.sqrt(statistics.median(fast_runs) * statistics.median(slow_runs))
+
+
+def final_levels(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming]) -> set[int] | None:
+    """The final's slow rounds (:func:`slow_rounds`) by its level marker, or None."""
+    for label in LEVEL_MARKERS:
+        for h, (_plan, lab) in chosen.items():
+            if lab == label and timed[h].error is None and timed[h].runs:
+                return slow_rounds(timed[h].rounds, timed[h].run_medians)
+    return None
+
+
+def final_rank_ms(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming]) -> dict[str, float]:
+    """What a final ranks its timed plans by (lower is better): where it saw both speed
+    levels, each plan's :meth:`FinalTiming.level_ms` (a plan 1.4x slower in one level
+    loses, whichever level the final saw most of), else its :func:`runs_p75`."""
+    slow = final_levels(chosen, timed)
+    out = {}
+    for h, t in timed.items():
+        v = t.level_ms(slow) if slow is not None else None
+        v = v if v is not None else t.p75
+        if v is not None:
+            out[h] = v
+    return out
 
 
 def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: float,
-               stop: _StopFlag | None = None) -> dict[str, FinalTiming]:
+               stop: _StopFlag | None = None, wait_s: float = 0.0) -> dict[str, FinalTiming]:
     """Time the ``chosen`` plans (hash -> (plan JSON, label)) in one worker, interleaved
-    over at least ``final_rounds`` rounds and ``seconds`` (whole rounds).  A plan that
-    fails once is not timed again; a stop (Ctrl-C) ends it at once, keeping the runs made."""
+    over at least ``final_rounds`` rounds and ``seconds`` (whole rounds), and on, up to
+    ``wait_s`` in all, while it has not seen both speed levels (:func:`final_levels`).
+    A plan that fails once is not timed again; a stop (Ctrl-C) ends it at once, keeping
+    the runs made."""
     target = cfg.target_obj()
     timed = {h: FinalTiming() for h in chosen}
     timing = asdict(cfg.final_timing)
     with IsolatedRunner(cfg.candidate_timeout_s, cfg.mem_limit_mb) as runner:
         hashes = list(chosen)
-        until = time.perf_counter() + seconds
-        for i in interleaved(len(hashes), cfg.final_rounds, until=until):
+        start = time.perf_counter()
+
+        def waiting() -> bool:
+            return time.perf_counter() < start + wait_s and final_levels(chosen, timed) is None
+
+        for k, i in enumerate(interleaved(len(hashes), cfg.final_rounds, until=start + seconds, more=waiting)):
             if all(t.error for t in timed.values()) or (stop is not None and stop.requested):
                 break
             h = hashes[i]
@@ -532,6 +609,7 @@ def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: floa
                               "timing": timing})
             if res["status"] == OK:
                 timed[h].runs.append(list(res["samples_ms"]))
+                timed[h].rounds.append(k // len(hashes))
             else:
                 timed[h].error = f"{res['status']}: {res.get('error', '')}"
     return timed
@@ -542,18 +620,28 @@ def final_seconds(job_wall_s: float) -> float:
     return min(FINAL_MAX_S, FINAL_SHARE * job_wall_s)
 
 
+def final_wait_seconds(job_wall_s: float) -> float:
+    """How long, at most, that final goes on waiting to see both speed levels."""
+    return max(final_seconds(job_wall_s), min(FINAL_WAIT_MAX_S, FINAL_WAIT_SHARE * job_wall_s))
+
+
 def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0,
                     stop: _StopFlag | None = None) -> list[dict[str, Any]]:
     """Re-measure the top-k plans and the references together (:func:`time_final`, for
-    ``FINAL_SHARE`` of the job's time), store the results, and return them best first:
-    by :func:`runs_p75` of their runs' medians."""
+    ``FINAL_SHARE`` of the job's time, longer until it has seen both speed levels), store
+    the results, and return them best first, by :func:`final_rank_ms` (stored as the
+    measurement's ``p75_ms``, what the leaderboard ranks finals by)."""
     w = get_workload(cfg.space, cfg.tiny)
     target = cfg.target_obj()
     host = host_fingerprint()
     chosen = final_candidates(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)), cfg.top_k)
     if not chosen:
         return []
-    timed = time_final(cfg, chosen, final_seconds(job_wall_s), stop)
+    log.info("final re-measurement of %d plans: %.0f s, up to %.0f s until both speed levels are seen",
+             len(chosen), final_seconds(job_wall_s), final_wait_seconds(job_wall_s))
+    timed = time_final(cfg, chosen, final_seconds(job_wall_s), stop, final_wait_seconds(job_wall_s))
+    rank = final_rank_ms(chosen, timed)
+    slow = final_levels(chosen, timed)
     db = PlanDB(cfg.db_url)
     out = []
     for h, (plan_json, label) in chosen.items():
@@ -561,7 +649,7 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
         if not s and not err:
             continue  # the job was stopped before this plan was timed: nothing to store
         ok = err is None
-        p75 = timed[h].p75
+        p75 = rank.get(h)
         plan_id = db.put_plan(w.hash, target.spec, host, h, plan_json, label)
         db.add_measurement(plan_id, median_ms=statistics.median(s) if ok else None, min_ms=min(s) if ok else None,
                            max_ms=max(s) if ok else None, std_ms=statistics.pstdev(s) if ok else None, p75_ms=p75,
@@ -569,7 +657,8 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
                            tvm_version=_tvm_version(), autofuse_version=autofuse.__version__, study=study.study_name)
         out.append({"plan_hash": h, "label": label, "correct": ok, "median_ms": statistics.median(s) if ok else None,
                     "p75_ms": p75, "spread_ms": (max(s) - min(s)) if ok else None, "repeats": len(s),
-                    "runs_ms": [round(x, 6) for x in timed[h].run_medians], "error": err})
+                    "runs_ms": [round(x, 6) for x in timed[h].run_medians], "error": err,
+                    "slow_runs": None if slow is None else sum(r in slow for r in timed[h].rounds)})
     db.close()
     out.sort(key=lambda r: (not r["correct"], r["p75_ms"] or 0.0))
     log.info("final re-measurement: %s", json.dumps(out))
@@ -584,10 +673,12 @@ def choice_of_shorter_job(cfg: JobConfig, complete: list[optuna.trial.FrozenTria
     a 10-minute job: a 3-minute job ends in the same final as a 10-minute one, and the best
     score alone is not what it returns (NOTES 34).  Returns (plan JSON or None, details)."""
     chosen = final_candidates(complete, cfg.top_k)
-    timed = time_final(cfg, chosen, final_seconds(job_wall_s)) if chosen else {}
-    ranked = sorted((t.p75, h) for h, t in timed.items() if t.p75 is not None)
+    timed = time_final(cfg, chosen, final_seconds(job_wall_s), wait_s=final_wait_seconds(job_wall_s)) if chosen else {}
+    ranked = sorted((v, h) for h, v in final_rank_ms(chosen, timed).items())
+    slow = final_levels(chosen, timed) if chosen else None
     details = {"candidates": list(chosen), "p75_ms": {h: round(v, 6) for v, h in ranked},
-               "rounds": max((len(t.runs) for t in timed.values()), default=0)}
+               "rounds": max((len(t.runs) for t in timed.values()), default=0),
+               "slow_rounds": None if slow is None else len(slow)}
     return (chosen[ranked[0][1]][0] if ranked else None), details
 
 

@@ -63,13 +63,15 @@ RECENT_BUILDS_KEPT = 8
 
 
 def interleaved(n: int, rounds: int, until: float | None = None,
-                clock: Callable[[], float] = time.perf_counter) -> Iterator[int]:
+                clock: Callable[[], float] = time.perf_counter,
+                more: Callable[[], bool] | None = None) -> Iterator[int]:
     """The order in which ``n`` plans are timed over ``rounds`` rounds: A B C, then C B A, ...
     Each plan is timed as often early as late in every pair of rounds, so a drift of the
     machine's speed during the rounds does not favour the plans timed first.  With
-    ``until`` (a ``clock()`` time), whole rounds go on after ``rounds`` until then."""
+    ``until`` (a ``clock()`` time), whole rounds go on after ``rounds`` until then, and
+    with ``more``, while ``more()`` (asked before each further round) says so."""
     r = 0
-    while r < rounds or (until is not None and clock() < until):
+    while r < rounds or (until is not None and clock() < until) or (more is not None and more()):
         yield from (range(n) if r % 2 == 0 else range(n - 1, -1, -1))
         r += 1
 

@@ -492,6 +492,102 @@ def test_runs_p75_is_the_time_a_plan_keeps_in_three_runs_of_four():
     assert runs_p75([1.0, 2.0, 3.0, 4.0, 5.0]) == 4.0
 
 
+def test_the_speed_levels_of_a_final_are_told_apart_by_its_marker_plan():
+    from autofuse.job import LEVEL_ROUNDS, slow_rounds
+
+    fast, slow = 0.38, 0.61  # the unfused plan of mobilenet_block in the host's two levels (NOTES 47)
+    assert slow_rounds([0, 1, 2, 3], [fast, 0.40, 0.37, 0.39]) is None  # one level
+    assert slow_rounds([], []) is None
+    spike = [fast] * 9 + [slow]
+    assert slow_rounds(list(range(10)), spike) is None  # one slow run is not a level
+    runs = [fast] * 5 + [slow] * LEVEL_ROUNDS
+    assert slow_rounds(list(range(8)), runs) == {5, 6, 7}
+    assert slow_rounds([0, 2, 4, 5, 6, 7, 8, 9], runs) == {7, 8, 9}  # rounds as timed, gaps and all
+
+
+def _final_of(marker: list[float], plans: dict[str, list[float]]):
+    from autofuse.job import FinalTiming
+
+    chosen = {"u": ("{}", "unfused"), **{h: ("{}", "tuned") for h in plans}}
+    timed = {h: FinalTiming(runs=[[x] for x in runs], rounds=list(range(len(runs))))
+             for h, runs in {"u": marker, **plans}.items()}
+    return chosen, timed
+
+
+def test_a_final_that_saw_both_speed_levels_ranks_by_both():
+    """mobilenet_block's plans tie in the host's fast level and one is 1.4x slower in the slow
+    one; ew_chain's tie in the slow level and differ in the fast one (NOTES 45, 47).  The 75th
+    percentile of the runs follows whichever level the final saw most of; the level ranking
+    weighs both, so the plan that is never slower wins either way."""
+    from autofuse.job import final_levels, final_rank_ms, runs_p75
+
+    # mobilenet_block: 11 fast rounds, 3 slow; a025e86d ties fast, 1.47x slower when slow
+    level = [0.38] * 11 + [0.61] * 3
+    chosen, timed = _final_of(level, {"tie_fast": [0.156] * 11 + [0.230] * 3, "steady": [0.158] * 11 + [0.163] * 3})
+    assert final_levels(chosen, timed) == {11, 12, 13}
+    assert runs_p75(timed["tie_fast"].run_medians) < runs_p75(timed["steady"].run_medians)  # p75 picks it
+    rank = final_rank_ms(chosen, timed)
+    assert rank["steady"] < rank["tie_fast"]
+    # ew_chain: mostly slow rounds where the plans tie; 12% apart in the fast ones
+    level = [1.36] * 10 + [0.60] * 4
+    chosen, timed = _final_of(level, {"tie_slow": [1.35] * 10 + [0.674] * 4, "default": [1.356] * 10 + [0.604] * 4})
+    assert runs_p75(timed["tie_slow"].run_medians) < runs_p75(timed["default"].run_medians)  # p75 picks it
+    rank = final_rank_ms(chosen, timed)
+    assert rank["default"] < rank["tie_slow"]
+    # one level seen: the 75th percentile, as before
+    chosen, timed = _final_of([0.38] * 8, {"a": [0.2] * 6 + [0.3] * 2, "b": [0.25] * 8})
+    assert final_levels(chosen, timed) is None
+    assert final_rank_ms(chosen, timed) == {h: runs_p75(t.run_medians) for h, t in timed.items()}
+
+
+class _ScriptedRunner:
+    """Stands in for IsolatedRunner in a final: a plan's JSON names its timing, and the
+    marker ("U") turns slow from ``slow_from`` runs on."""
+
+    def __init__(self, slow_from: int | None):
+        self.slow_from, self.marker_runs = slow_from, 0
+
+    def __call__(self, *_a):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_a):
+        return False
+
+    def run(self, payload):
+        time.sleep(0.005)
+        if payload["plan"] == "U":
+            self.marker_runs += 1
+            slow = self.slow_from is not None and self.marker_runs > self.slow_from
+            return {"status": "ok", "samples_ms": [0.6 if slow else 0.38]}
+        return {"status": "ok", "samples_ms": [0.15]}
+
+
+def test_a_final_waits_for_the_other_speed_level_but_not_past_its_limit(monkeypatch):
+    import autofuse.job as job
+    from autofuse.job import LEVEL_ROUNDS, JobConfig, final_levels, time_final
+
+    cfg = JobConfig(space="ew_chain", tiny=True, final_rounds=2, progress=False)
+    chosen = {"u": ("U", "unfused"), "p": ("P", "tuned")}
+    monkeypatch.setattr(job, "IsolatedRunner", _ScriptedRunner(slow_from=None))
+    t0 = time.perf_counter()
+    timed = time_final(cfg, chosen, seconds=0.05, wait_s=0.5)  # one level all along: waits it out
+    assert time.perf_counter() - t0 >= 0.5
+    assert final_levels(chosen, timed) is None
+    monkeypatch.setattr(job, "IsolatedRunner", _ScriptedRunner(slow_from=4))
+    t0 = time.perf_counter()
+    timed = time_final(cfg, chosen, seconds=0.05, wait_s=30.0)  # the slow level comes: done once seen
+    assert time.perf_counter() - t0 < 10.0
+    assert final_levels(chosen, timed) == set(range(4, 4 + LEVEL_ROUNDS))
+    assert timed["p"].rounds == list(range(4 + LEVEL_ROUNDS))
+    monkeypatch.setattr(job, "IsolatedRunner", _ScriptedRunner(slow_from=None))
+    t0 = time.perf_counter()
+    time_final(cfg, chosen, seconds=0.05)  # no wait asked: the final's own seconds
+    assert time.perf_counter() - t0 < 0.4
+
+
 def test_the_final_remeasurement_lasts_a_share_of_the_job_and_a_stop_ends_it(tmp_path):
     from autofuse.job import FINAL_SHARE, JobConfig, _StopFlag, final_remeasure, run_job
     from autofuse.measure import TimingConfig
@@ -551,4 +647,5 @@ def test_the_choice_of_a_shorter_job_is_its_final_over_the_plans_it_had_and_stor
     assert Plan.from_json(plan_json).hash == fastest
     assert con.execute(count).fetchone() == (before,)  # a what-if: nothing stored
     con.close()
-    assert choice_of_shorter_job(cfg, [], job_wall_s=10.0) == (None, {"candidates": [], "p75_ms": {}, "rounds": 0})
+    assert choice_of_shorter_job(cfg, [], job_wall_s=10.0) == (None, {"candidates": [], "p75_ms": {}, "rounds": 0,
+                                                                   "slow_rounds": None})

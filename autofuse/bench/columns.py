@@ -120,11 +120,27 @@ def _mmss(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
-    """``run_job``'s progress factory: a context manager yielding the per-trial update."""
-    from contextlib import nullcontext
+class _JobTicker:
+    """A tuning job's progress in the bench: the ticker's line during the search, and one
+    line when the job's final re-measurement starts."""
 
-    return lambda _cfg, _before: nullcontext(ticker.study_update)
+    def __init__(self, ticker: _Ticker):
+        self.ticker = ticker
+
+    def __enter__(self) -> Callable[[Any], None]:
+        return self.ticker.study_update
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def final_started(self, seconds: float, wait_s: float) -> None:
+        self.ticker.progress(f"{self.ticker.label}: final re-measurement, {seconds:.0f} s, up to {wait_s:.0f} s "
+                             "until it has seen both speed levels")
+
+
+def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
+    """``run_job``'s progress factory."""
+    return lambda _cfg, _before: _JobTicker(ticker)
 
 
 EARLY_SHARE = 0.3  # the issue's "95% of the 10-minute best within the first 3 minutes"
