@@ -469,6 +469,8 @@ def test_the_early_cell_says_which_plan_the_3_minute_check_timed():
     assert early_cell(rounds) == "80% of the final best at 180 s (medians of the rounds)"
     older = {k: v for k, v in rounds.items() if k != "early_final"}
     assert early_cell(older) == "80% of the final best at 180 s (best score then)"
+    both = {**row, "early_final": {"rounds": 24, "slow_rounds": 21}}
+    assert early_cell(both) == "80% of the final best at 180 s, its final in both speed levels"
 
 
 def test_bench_summary_marks_plain_and_seeded_random_search():

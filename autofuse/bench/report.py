@@ -43,7 +43,8 @@ def early_cell(early: dict[str, Any] | None) -> str:
     """How close what a job of 30% of the budget returns came to the final plan, timed side
     by side.  Reports of earlier versions took the best-scored plan at that point instead
     (no ``early_final`` in their JSON), or compared the two plans' medians in the rounds
-    rather than back to back (no ``paired``); their cells say so."""
+    rather than back to back (no ``paired``); their cells say so, and so does a cell whose
+    3-minute final saw both of the host's speed levels."""
     if not early:
         return ""
     if not early.get("early_plan"):
@@ -57,6 +58,8 @@ def early_cell(early: dict[str, Any] | None) -> str:
         how = ""
     else:
         how = " (medians of the rounds)"
+    if (early.get("early_final") or {}).get("slow_rounds"):
+        how += ", its final in both speed levels"
     return f"{100 * early['final_over_early']:.0f}% of the final best at {early['at_s']:.0f} s{same}{how}"
 
 
@@ -193,10 +196,11 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
     lines += ["", "95% of best at (scores): when the job's best-so-far score first came within 5% of its final "
               "score. A score chains the side-by-side ratios that made each plan the best, noise included, so "
               "the next column checks it: the plan a job of 30% of the budget (3 of 10 minutes) would have "
-              "returned (the job's final re-measurement, for a tenth of that time, over the plans found by "
+              "returned (the job's final re-measurement, for a tenth of that time and longer until it has seen "
+              "both of the host's speed levels, over the plans found by "
               f"then) against the final best: the median, over {PAIRED_TIMINGS} pairs of timings back to back, "
               "of final time over early time (>= 95%: the target is met). Back to back, because the machine's speed flips "
-              "between two levels every second or so and a plan's median in the rounds can draw the slow one."]
+              "between two levels that hold for seconds to minutes, and a plan's median in the rounds can draw the slow one."]
     if vs_random:
         lines += ["", "Random search at equal trials: random sampling of the same space, tuned for the same budget "
                   "after autofuse, either plain (from the two reference plans, unfused and default) or seeded (from "
