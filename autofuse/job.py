@@ -14,8 +14,8 @@ or, where the final saw both of the host's speed levels, by its time in each
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import multiprocessing as mp
 import os
 import re
@@ -568,11 +568,11 @@ def final_levels(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTimin
     return None
 
 
-def final_rank_ms(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming]) -> dict[str, float]:
+def final_rank_ms(timed: dict[str, FinalTiming], slow: set[int] | None) -> dict[str, float]:
     """What a final ranks its timed plans by (lower is better): where it saw both speed
-    levels, each plan's :meth:`FinalTiming.level_ms` (a plan 1.4x slower in one level
-    loses, whichever level the final saw most of), else its :func:`runs_p75`."""
-    slow = final_levels(chosen, timed)
+    levels (``slow``: :func:`final_levels`), each plan's :meth:`FinalTiming.level_ms` (a
+    plan 1.4x slower in one level loses, whichever level the final saw most of), else its
+    :func:`runs_p75`."""
     out = {}
     for h, t in timed.items():
         v = t.level_ms(slow) if slow is not None else None
@@ -640,8 +640,8 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
     log.info("final re-measurement of %d plans: %.0f s, up to %.0f s until both speed levels are seen",
              len(chosen), final_seconds(job_wall_s), final_wait_seconds(job_wall_s))
     timed = time_final(cfg, chosen, final_seconds(job_wall_s), stop, final_wait_seconds(job_wall_s))
-    rank = final_rank_ms(chosen, timed)
     slow = final_levels(chosen, timed)
+    rank = final_rank_ms(timed, slow)
     db = PlanDB(cfg.db_url)
     out = []
     for h, (plan_json, label) in chosen.items():
@@ -674,8 +674,8 @@ def choice_of_shorter_job(cfg: JobConfig, complete: list[optuna.trial.FrozenTria
     score alone is not what it returns (NOTES 34).  Returns (plan JSON or None, details)."""
     chosen = final_candidates(complete, cfg.top_k)
     timed = time_final(cfg, chosen, final_seconds(job_wall_s), wait_s=final_wait_seconds(job_wall_s)) if chosen else {}
-    ranked = sorted((v, h) for h, v in final_rank_ms(chosen, timed).items())
-    slow = final_levels(chosen, timed) if chosen else None
+    slow = final_levels(chosen, timed)
+    ranked = sorted((v, h) for h, v in final_rank_ms(timed, slow).items())
     details = {"candidates": list(chosen), "p75_ms": {h: round(v, 6) for v, h in ranked},
                "rounds": max((len(t.runs) for t in timed.values()), default=0),
                "slow_rounds": None if slow is None else len(slow)}

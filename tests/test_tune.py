@@ -526,18 +526,18 @@ def test_a_final_that_saw_both_speed_levels_ranks_by_both():
     chosen, timed = _final_of(level, {"tie_fast": [0.156] * 11 + [0.230] * 3, "steady": [0.158] * 11 + [0.163] * 3})
     assert final_levels(chosen, timed) == {11, 12, 13}
     assert runs_p75(timed["tie_fast"].run_medians) < runs_p75(timed["steady"].run_medians)  # p75 picks it
-    rank = final_rank_ms(chosen, timed)
+    rank = final_rank_ms(timed, final_levels(chosen, timed))
     assert rank["steady"] < rank["tie_fast"]
     # ew_chain: mostly slow rounds where the plans tie; 12% apart in the fast ones
     level = [1.36] * 10 + [0.60] * 4
     chosen, timed = _final_of(level, {"tie_slow": [1.35] * 10 + [0.674] * 4, "default": [1.356] * 10 + [0.604] * 4})
     assert runs_p75(timed["tie_slow"].run_medians) < runs_p75(timed["default"].run_medians)  # p75 picks it
-    rank = final_rank_ms(chosen, timed)
+    rank = final_rank_ms(timed, final_levels(chosen, timed))
     assert rank["default"] < rank["tie_slow"]
     # one level seen: the 75th percentile, as before
     chosen, timed = _final_of([0.38] * 8, {"a": [0.2] * 6 + [0.3] * 2, "b": [0.25] * 8})
     assert final_levels(chosen, timed) is None
-    assert final_rank_ms(chosen, timed) == {h: runs_p75(t.run_medians) for h, t in timed.items()}
+    assert final_rank_ms(timed, final_levels(chosen, timed)) == {h: runs_p75(t.run_medians) for h, t in timed.items()}
 
 
 class _ScriptedRunner:
