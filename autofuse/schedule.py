@@ -170,7 +170,7 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
 
 
 SEED_TEMPLATES = ("registers", "inline", "wide", "tall", "packed", "wide-packed", "packed-unrolled",
-                  "channels-vector", "winograd")
+                  "packed-columns", "channels-vector", "winograd")
 
 
 def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = None) -> dict[str, Any]:
@@ -185,7 +185,11 @@ def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = No
     weight (``pack_weight``; dropped where the group has none); ``wide-packed`` both;
     ``packed-unrolled`` repacks a dense layer's (a 2-D GEMM's) weight and steps its
     reduction 4 at a time (``r0``; gemm_bn's best plans, 6% over ``packed`` side by side,
-    were found only after 3 minutes of mutations, NOTES 40);
+    were found only after 3 minutes of mutations, NOTES 40); ``packed-columns`` is that dense
+    layer's ``wide-packed-unrolled`` with its column tiles outermost (``outer_first=1``), so
+    each packed column strip of the weight stays in cache while every row uses it (mlp_gelu's
+    9.4 MB weights: its seeds ran 1.5x slower than the plan a 10-minute job found, and the
+    column order alone was 23% of that, side by side on rocketlake, NOTES 50);
     ``channels-vector`` makes a convolution's output channels its vector axis
     (``vector_axis``), 16 at a time, with its weight packed to match; ``winograd`` computes a
     3x3 convolution as Winograd F(4x4, 3x3) in blocks of rows of tiles, one thread each
@@ -248,6 +252,9 @@ def _template(nest: LoopNest, template: str) -> dict[str, Any]:
     if template == "packed-unrolled":
         dense = len(nest.spatial) == 2 and len(nest.reduce) == 1 and nest.reduce[0] % 4 == 0
         return {"pack_weight": True, "r0": 4} if dense else {}
+    if template == "packed-columns":
+        unrolled = _template(nest, "packed-unrolled")
+        return {**unrolled, **_template(nest, "wide"), "outer_first": 1} if unrolled else {}
     if template == "channels-vector":
         if _sums_input_channels(nest) and nest.spatial[1] % 8 == 0:
             return {"vector_axis": 1, "t1": _largest_divisor(nest.spatial[1], 16), "pack_weight": True}

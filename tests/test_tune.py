@@ -234,8 +234,9 @@ def test_seed_trials_add_the_gemm_with_its_epilogue_apart():
 
 def test_seed_trials_repack_the_weight_where_there_is_one():
     """gemm_bn's GEMM reads a constant weight: the default partition and the epilogue-apart one
-    are also seeded with it repacked (``pack_weight``), plain and with the wide register tile.
-    A convolution is seeded with its weight packed by output channels, and with the channels
+    are also seeded with it repacked (``pack_weight``), plain and with the wide register tile,
+    and as a dense layer with its reduction unrolled, with and without its column strips
+    outermost (``packed-columns``, ``outer_first=1``; a convolution gets neither).  A convolution is seeded with its weight packed by output channels, and with the channels
     as its vector axis; attention's GEMMs read no constant, so no packed seed is measured
     there."""
     from autofuse.search import PlanSpace
@@ -244,16 +245,19 @@ def test_seed_trials_repack_the_weight_where_there_is_one():
     space = PlanSpace(get_workload("gemm_bn", tiny=True))
     seeds = dict((label, params) for params, label in space.seed_trials())
     for label in ("seed:packed", "seed:wide-packed", "seed:epilogue-apart:packed", "seed:epilogue-apart:wide-packed",
-                  "seed:packed-unrolled"):
+                  "seed:packed-unrolled", "seed:packed-columns"):
         plan = space.suggest(optuna.trial.FixedTrial(seeds[label]))[0]
         assert plan.schedules[0].get("pack_weight") is True, (label, plan.schedules)
     assert space.suggest(optuna.trial.FixedTrial(seeds["seed:packed-unrolled"]))[0].schedules[0]["r0"] == 4
+    columns = space.suggest(optuna.trial.FixedTrial(seeds["seed:packed-columns"]))[0].schedules[0]
+    assert (columns["outer_first"], columns["r0"]) == (1, 4)  # column strips outermost
     conv = PlanSpace(get_workload("conv_bn_relu", tiny=True))
     seeds = dict((label, params) for params, label in conv.seed_trials())
     plan = conv.suggest(optuna.trial.FixedTrial(seeds["seed:channels-vector"]))[0]
     assert {k: plan.schedules[0].get(k) for k in ("vector_axis", "t1", "pack_weight")} == \
         {"vector_axis": 1, "t1": 8, "pack_weight": True}
     assert "seed:packed" in seeds and "seed:packed-unrolled" not in seeds  # a dense layer's template only
+    assert "seed:packed-columns" not in seeds
     attention = PlanSpace(get_workload("attention", tiny=True))
     assert not [label for _, label in attention.seed_trials() if "packed" in label or "channels" in label]
 
