@@ -185,8 +185,8 @@ def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = No
     weight (``pack_weight``; dropped where the group has none); ``wide-packed`` both;
     ``packed-unrolled`` repacks a dense layer's (a 2-D GEMM's) weight and steps its
     reduction 4 at a time (``r0``; gemm_bn's best plans, 6% over ``packed`` side by side,
-    were found only after 3 minutes of mutations, NOTES 40); ``packed-columns`` is that dense
-    layer's ``wide-packed-unrolled`` with its column tiles outermost (``outer_first=1``), so
+    were found only after 3 minutes of mutations, NOTES 40); ``packed-columns`` is
+    ``packed-unrolled`` with the ``wide`` tile and the column tiles outermost (``outer_first=1``), so
     each packed column strip of the weight stays in cache while every row uses it (mlp_gelu's
     9.4 MB weights: its seeds ran 1.5x slower than the plan a 10-minute job found, and the
     column order alone was 23% of that, side by side on rocketlake, NOTES 50);

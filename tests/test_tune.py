@@ -236,7 +236,8 @@ def test_seed_trials_repack_the_weight_where_there_is_one():
     """gemm_bn's GEMM reads a constant weight: the default partition and the epilogue-apart one
     are also seeded with it repacked (``pack_weight``), plain and with the wide register tile,
     and as a dense layer with its reduction unrolled, with and without its column strips
-    outermost (``packed-columns``, ``outer_first=1``; a convolution gets neither).  A convolution is seeded with its weight packed by output channels, and with the channels
+    outermost (``packed-columns``, ``outer_first=1``; a convolution gets neither).  A
+    convolution is seeded with its weight packed by output channels, and with the channels
     as its vector axis; attention's GEMMs read no constant, so no packed seed is measured
     there."""
     from autofuse.search import PlanSpace
