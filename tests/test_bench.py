@@ -320,6 +320,8 @@ def test_the_plans_of_the_search_checks_are_checked_and_timed_in_the_columns_rou
     # the wrong plan is never timed; each round starts one further on
     assert calls[:6] == ["autofuse", "numpy", "plan ee", "numpy", "plan ee", "autofuse"]
     assert set(result["columns"]) == {"autofuse", "numpy"}
+    assert result["columns"]["autofuse"]["samples_ms"] == [2.0] * 3 + [7.0] * 3  # calls 1 and 6, as they ran
+    assert result["columns"]["numpy"]["samples_ms"] == [3.0] * 3 + [5.0] * 3
     assert pairs[0].into["early_plan"] == "ee" and pairs[0].into["samples"] == 6
     rounds_ratio = final.column.median_ms / early.column.median_ms
     assert pairs[0].into["rounds_final_over_early"] == pytest.approx(rounds_ratio)

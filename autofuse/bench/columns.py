@@ -50,8 +50,11 @@ class Column:
         return (max(self.samples_ms) - min(self.samples_ms)) if self.samples_ms else None
 
     def as_dict(self) -> dict[str, Any]:
+        """The column as the report stores it; its timings too, in the order they ran, so that
+        a wide spread (max - min) can be read as one stalled repeat or a spread-out many."""
         return {"name": self.name, "correct": self.correct, "error": self.error, "median_ms": self.median_ms,
-                "spread_ms": self.spread_ms, "samples": len(self.samples_ms), "note": self.note}
+                "spread_ms": self.spread_ms, "samples": len(self.samples_ms), "note": self.note,
+                "samples_ms": [round(t, 6) for t in self.samples_ms]}
 
 
 def time_python(fn: Callable[[], Any], min_ms: float, repeats: int) -> list[float]:
