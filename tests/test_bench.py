@@ -317,18 +317,20 @@ def test_the_plans_of_the_search_checks_are_checked_and_timed_in_the_columns_rou
     pairs = [PlanPair(("early", "final"), (early, final), {}), PlanPair(("guided", "random"), (final, other), {})]
     monkeypatch.setattr(bench_run, "build_columns", lambda *a, **k: ([final, numpy_col], pairs, {}))
     result = bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=2, repeats=3, include=())
-    # the wrong plan is never timed; each round starts one further on
-    assert calls[:6] == ["autofuse", "numpy", "plan ee", "numpy", "plan ee", "autofuse"]
+    # the wrong plan is never timed; a discarded warm-up round, then each round starts one further on
+    warm_up = ["autofuse", "numpy", "plan ee"]
+    assert calls[:9] == warm_up + ["autofuse", "numpy", "plan ee", "numpy", "plan ee", "autofuse"]
+    # the warm-up's timings (calls 1-3) are in no column; the timer returns 1 + its call's number
     assert set(result["columns"]) == {"autofuse", "numpy"}
-    assert result["columns"]["autofuse"]["samples_ms"] == [2.0] * 3 + [7.0] * 3  # calls 1 and 6, as they ran
-    assert result["columns"]["numpy"]["samples_ms"] == [3.0] * 3 + [5.0] * 3
+    assert result["columns"]["autofuse"]["samples_ms"] == [5.0] * 3 + [10.0] * 3  # calls 4 and 9, as they ran
+    assert result["columns"]["numpy"]["samples_ms"] == [6.0] * 3 + [8.0] * 3
     assert pairs[0].into["early_plan"] == "ee" and pairs[0].into["samples"] == 6
     rounds_ratio = final.column.median_ms / early.column.median_ms
     assert pairs[0].into["rounds_final_over_early"] == pytest.approx(rounds_ratio)
     # then the early and final plans back to back, in alternating order; the wrong plan not at all
-    assert calls[6:] == ["plan ee", "autofuse", "autofuse", "plan ee"] * (bench_run.PAIRED_TIMINGS // 2)
-    # the timer returns 1 + its call's number: pair i is calls 7 + 2i and 8 + 2i, early first in even pairs
-    ratios = [(9 + 2 * i) / (8 + 2 * i) if i % 2 == 0 else (8 + 2 * i) / (9 + 2 * i)
+    assert calls[9:] == ["plan ee", "autofuse", "autofuse", "plan ee"] * (bench_run.PAIRED_TIMINGS // 2)
+    # pair i is calls 10 + 2i and 11 + 2i, early first in even pairs
+    ratios = [(12 + 2 * i) / (11 + 2 * i) if i % 2 == 0 else (11 + 2 * i) / (12 + 2 * i)
               for i in range(bench_run.PAIRED_TIMINGS)]
     assert pairs[0].into["final_over_early"] == pytest.approx(statistics.median(ratios))
     assert pairs[0].into["paired"]["pairs"] == bench_run.PAIRED_TIMINGS
