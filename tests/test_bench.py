@@ -2,6 +2,7 @@
 
 import json
 import statistics
+import time
 from pathlib import Path
 
 import optuna
@@ -293,6 +294,60 @@ def test_a_plan_pair_is_the_ratio_of_its_two_plans_medians_and_one_plan_is_not_c
     bad: dict = {}
     PlanPair(("guided", "random"), (a, wrong), bad).finish()
     assert bad == {"guided_plan": "aa", "random_plan": "cc", "error": "plan cc: wrong result (relative error 1)"}
+
+
+def test_a_kernel_of_another_runtime_is_timed_after_the_last_ones_threads_go_quiet(monkeypatch):
+    """TVM's pool worker spins after a kernel (onnxruntime timed then ran up to 2.3x slower): a
+    runnable of another runtime waits for quiet threads first; one of the same runtime
+    (two TVM plans back to back) does not."""
+    from autofuse.bench import columns
+
+    calls: list[str] = []
+    monkeypatch.setattr(columns, "wait_for_quiet_threads", lambda *a, **k: calls.append("quiet") or 0.0)
+    monkeypatch.setattr(columns._Runnable, "last_runtime", None)
+
+    def runnable(name: str, runtime: str):
+        r = _fake_runnable(name, [], None, correct=True)
+        r.runtime, r.timer = runtime, lambda repeats, _ms: calls.append(name) or [1.0] * repeats
+        return r
+
+    af, ms, ort = runnable("autofuse", "tvm"), runnable("tvm-metaschedule", "tvm"), runnable("onnxruntime", "onnxruntime")
+    columns.PlanPair(("autofuse", "tvm-metaschedule"), (af, ms), {}).time_paired(2, 1.0)
+    assert calls == ["autofuse", "tvm-metaschedule", "tvm-metaschedule", "autofuse"]
+    calls.clear()
+    columns.PlanPair(("autofuse", "onnxruntime"), (af, ort), {}).time_paired(4, 1.0)
+    assert calls == ["autofuse", "quiet", "onnxruntime", "onnxruntime", "quiet", "autofuse",
+                     "autofuse", "quiet", "onnxruntime", "onnxruntime", "quiet", "autofuse"]
+
+
+def test_waiting_for_quiet_threads_lasts_while_a_thread_burns_the_cpu():
+    """The wait ends once no thread of the process uses the CPU, and gives up at its limit."""
+    import threading
+
+    from autofuse.bench.columns import wait_for_quiet_threads
+
+    def burner(done) -> threading.Thread:
+        def burn() -> None:
+            while not done():
+                pass
+
+        t = threading.Thread(target=burn)
+        t.start()
+        return t
+
+    stop = threading.Event()
+    t = burner(stop.is_set)
+    try:
+        assert wait_for_quiet_threads(max_s=0.3) >= 0.3  # never quiet: it gives up
+    finally:
+        stop.set()
+        t.join()
+    assert wait_for_quiet_threads(max_s=5.0) < 2.0  # nothing burns: the first look or so
+    end = time.perf_counter() + 0.3
+    t = burner(lambda: time.perf_counter() >= end)
+    waited = wait_for_quiet_threads(max_s=5.0)
+    t.join()
+    assert 0.2 <= waited < 2.0  # a thread busy for 0.3 s, then done
 
 
 def test_the_plans_of_the_search_checks_are_checked_and_timed_in_the_columns_rounds(monkeypatch, tmp_path):

@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -73,12 +73,45 @@ def time_python(fn: Callable[[], Any], min_ms: float, repeats: int) -> list[floa
     return out
 
 
+QUIET_POLL_S = 0.02  # how often ``wait_for_quiet_threads`` looks at the process's CPU time
+QUIET_CPU_SHARE = 0.1  # below this share of one core, no thread of the process is spinning
+QUIET_MAX_S = 2.0  # it gives up after this long (a thread busy for good: nothing to wait for)
+
+
+def wait_for_quiet_threads(poll_s: float = QUIET_POLL_S, max_s: float = QUIET_MAX_S) -> float:
+    """Sleep until this process's threads stop using the CPU; the seconds it waited.  After a
+    parallel kernel, TVM's pool worker spins (300000 yields, about 45 ms of a full core here)
+    waiting for the next one, and OpenBLAS's threads do the same: a kernel of another runtime
+    timed then shares the cores with them.  onnxruntime's first 50 ms repeat right after a TVM
+    kernel ran 1.4-2.3x slower (median of six, in three runs) than after itself or after this
+    wait (NOTES 53)."""
+    start = time.perf_counter()
+    while True:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(poll_s)
+        busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
+        if busy < QUIET_CPU_SHARE or time.perf_counter() - start >= max_s:
+            return time.perf_counter() - start
+
+
 class _Runnable:
-    """One column (or one plan of a search check), ready to check and time."""
+    """One column (or one plan of a search check), ready to check and time.  ``runtime`` is
+    what runs it (TVM, onnxruntime, NumPy): ``time`` lets the threads of the runtime timed
+    just before go quiet first when it is another one."""
+
+    last_runtime: ClassVar[str | None] = None  # the runtime this process timed last
 
     def __init__(self, column: Column, timer: Callable[[int, float], list[float]], output: Callable[[], np.ndarray],
-                 plan_hash: str | None = None):
-        self.column, self.timer, self.output, self.plan_hash = column, timer, output, plan_hash
+                 plan_hash: str | None = None, runtime: str = "tvm"):
+        self.column, self.timer, self.output, self.plan_hash, self.runtime = column, timer, output, plan_hash, runtime
+
+    def time(self, repeats: int, min_ms: float) -> list[float]:
+        """ms per run of each of ``repeats`` timings (``timer``), after the spinning threads of
+        another runtime timed just before have stopped (``wait_for_quiet_threads``)."""
+        if _Runnable.last_runtime not in (None, self.runtime):
+            wait_for_quiet_threads()
+        _Runnable.last_runtime = self.runtime
+        return self.timer(repeats, min_ms)
 
 
 def _vm_runnable(name: str, ex: Any, w: Workload, fold: bool, target: Target, note: str = "") -> _Runnable:
@@ -184,7 +217,7 @@ class PlanPair:
             return
         ms: tuple[list[float], list[float]] = ([], [])
         for i in interleaved(2, pairs):  # each round is one pair: A B, then B A, ...
-            ms[i].append(statistics.median(self.runs[i].timer(1, min_ms)))
+            ms[i].append(statistics.median(self.runs[i].time(1, min_ms)))
         self.ratios.extend(tb / ta for ta, tb in zip(*ms))
 
     def finish(self) -> None:
@@ -431,7 +464,7 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
             return None
         return _Runnable(Column("onnxruntime", note=f"{num_threads()} threads, ORT_ENABLE_ALL"),
                          lambda r, m: time_python(lambda: sess.run(None, feed), m, r),
-                         lambda: sess.run(None, feed)[0])
+                         lambda: sess.run(None, feed)[0], runtime="onnxruntime")
 
     guarded("onnxruntime", ort_col)
     ref_inputs = {**acts, **w.params}
@@ -439,5 +472,5 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
         return cols, pairs, extra
     guarded("numpy", lambda: _Runnable(Column("numpy", note="the reference (float64 where it casts)"),
                                        lambda r, m: time_python(lambda: w.space.reference(**ref_inputs), m, r),
-                                       lambda: w.space.reference(**ref_inputs)))
+                                       lambda: w.space.reference(**ref_inputs), runtime="numpy"))
     return cols, pairs, extra

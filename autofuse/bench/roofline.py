@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autofuse.bench.columns import time_python
+from autofuse.bench.columns import time_python, wait_for_quiet_threads
 from autofuse.target import VectorUnit, num_threads
 from autofuse.workload import Workload
 
@@ -72,6 +72,7 @@ def machine_peaks(seconds: float = 1.0, peak_timing_s: float = PEAK_TIMING_S) ->
         sess = onnxruntime_session(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), num_threads())
         feed = {"a": a, "b": b}
         sess.run(None, feed)
+        wait_for_quiet_threads()  # OpenBLAS's threads spin after NumPy's SGEMM
         ort_best = min(time_python(lambda: sess.run(None, feed), 1.0, 5)) / 1e3
         if 2 * n**3 / ort_best > flops:
             flops, source = 2 * n**3 / ort_best, "onnxruntime"

@@ -57,7 +57,7 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
         # discarded: the first timing after the tuning jobs ran up to 3x slower than the rest
         # (gemm_bn's first repeat 4.13 ms, the next 14 at 1.39-1.47 ms; NOTES 51)
         if r.column.correct:
-            r.timer(1, min_repeat_ms)
+            r.time(1, min_repeat_ms)
     for k in range(rounds):
         # each round starts one runnable further on, so that none always runs right after the
         # same one: plans timed right after the NumPy column ran up to 27% slower than after
@@ -65,7 +65,7 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
         start = k % len(runnables) if runnables else 0
         for r in runnables[start:] + runnables[:start]:
             if r.column.correct:
-                r.column.samples_ms.extend(r.timer(repeats, min_repeat_ms))
+                r.column.samples_ms.extend(r.time(repeats, min_repeat_ms))
     paired_peers = _peer_pairs(columns)
     pairs += list(paired_peers.values()) + ([floor] if floor else [])
     if pairs:
