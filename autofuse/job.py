@@ -232,6 +232,9 @@ def _confirm_text(res: dict[str, Any]) -> str:
         verdict += f" than the best's recent {c['recent_ms']:.4f} ms (the best ran far above that in both comparisons)"
     elif c.get("attempts", 1) > 1:
         verdict += " (timed twice: the best ran far above its recent time the first time)"
+    if "first" in c:
+        verdict += (f" in the replicate of a win ({c['first']['candidate_ms']:.4f} vs {c['first']['incumbent_ms']:.4f} ms"
+                    + (f"; the replicate failed: {c['replicate_error']}" if "replicate_error" in c else "") + ")")
     return (f"; against the best {c['vs']} side by side: {c['candidate_ms']:.4f} vs {c['incumbent_ms']:.4f} ms, "
             f"{verdict}, scored {res['value_ms']:.4f} ms")
 

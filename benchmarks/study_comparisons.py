@@ -29,6 +29,9 @@ def comparisons(storage: str, study_name: str) -> list[str]:
         verdict = "faster" if c["faster"] else "tie"
         line = (f"{head}  score {t.value:.4f}  vs {c['vs']}: {c['candidate_ms']:.4f} vs {c['incumbent_ms']:.4f} ms, "
                 f"{verdict}")
+        if "first" in c:  # a win, replicated: the line above is the replicate
+            line += f"  (replicating a win of {c['first']['candidate_ms']:.4f} vs {c['first']['incumbent_ms']:.4f} ms"
+            line += f"; the replicate failed: {c['replicate_error']})" if "replicate_error" in c else ")"
         if c.get("attempts", 1) > 1:
             twice += 1
             line += f"  (run twice, recent {c['recent_ms']:.4f} ms, {'disturbed' if c['disturbed'] else 'clean'} the second time)"

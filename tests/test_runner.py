@@ -30,6 +30,11 @@ def _cmp(candidate_ms, incumbent_ms, rounds=None):
     return {"status": OK, "median_ms": [candidate_ms, incumbent_ms], "round_ms": list(per_round)}
 
 
+def _won(candidate_ms, incumbent_ms):
+    """A win side by side and its replicate, the same again (``CandidateLog.confirm``)."""
+    return [_cmp(candidate_ms, incumbent_ms), _cmp(candidate_ms, incumbent_ms)]
+
+
 def _task(**extra):
     return {"space": "ew_chain", "plan": "{}", "timing": {"repeats": 3}, **extra}
 
@@ -70,26 +75,26 @@ def test_time_limit_follows_accepted_candidates_within_the_configured_cap():
 
 def test_the_timing_cutoff_follows_the_best_time_and_reaches_the_worker():
     runner = FakeRunner([{"status": OK, "median_ms": 4.0}, {"status": OK, "median_ms": 1.0},
-                         _cmp(1.1, 4.4), {"status": OK, "median_ms": 9.0}])
+                         *_won(1.1, 4.4), {"status": OK, "median_ms": 9.0}])
     log = CandidateLog()
     log.run(runner, _task(), "a", 20.0)
     assert "cutoff_ms" not in runner.calls[0][0]["timing"]  # no best yet: full timing
     log.run(runner, _task(), "b", 20.0)
     assert runner.calls[1][0]["timing"]["cutoff_ms"] == 20.0  # 5 x 4.0
-    log.run(runner, _task(), "c", 20.0)  # (calls[2]: b timed against a, 4x faster)
-    assert runner.calls[3][0]["timing"] == {"repeats": 3, "cutoff_ms": 5.0}  # 5 x 1.0, other settings kept
+    log.run(runner, _task(), "c", 20.0)  # (calls[2-3]: b timed against a, 4x faster, twice)
+    assert runner.calls[4][0]["timing"] == {"repeats": 3, "cutoff_ms": 5.0}  # 5 x 1.0, other settings kept
     assert log.best_ms == 1.0
 
 
 def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by_side():
     runner = FakeRunner([{"status": OK, "median_ms": 4.0},
                          {"status": OK, "median_ms": 1.0}, _cmp(2.2, 2.0),  # lucky once
-                         {"status": OK, "median_ms": 1.5}, _cmp(1.0, 2.0),  # really faster
+                         {"status": OK, "median_ms": 1.5}, *_won(1.0, 2.0),  # really faster
                          {"status": OK, "median_ms": 2.5},
                          {"status": OK, "median_ms": 0.9}, _cmp(0.99, 1.0),  # a tie
                          {"status": OK, "median_ms": 0.5},  # 10% faster overall, but slower in one round
                          _cmp(0.9, 1.0, rounds=([0.8, 0.9, 1.05], [1.0, 1.0, 1.0])),
-                         {"status": OK, "median_ms": 0.5}, _cmp(0.6, 1.2)])  # faster again, on a slower machine
+                         {"status": OK, "median_ms": 0.5}, *_won(0.6, 1.2)])  # faster again, on a slower machine
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     lucky = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
@@ -103,7 +108,7 @@ def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by
     assert value_of(faster) == pytest.approx(1.0) and faster["confirm"]["faster"]
     assert (log.best_ms, log.best_hash, log.best_plan) == (pytest.approx(1.0), "c", '{"p":"c"}')
     slower = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)  # above the best: no comparison
-    assert value_of(slower) == 2.5 and "confirm" not in slower and len(runner.calls) == 6
+    assert value_of(slower) == 2.5 and "confirm" not in slower and len(runner.calls) == 7
     tie = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0)  # 1% faster side by side: within the margin
     assert value_of(tie) == pytest.approx(1.0) and not tie["confirm"]["faster"] and log.best_hash == "c"
     mixed = log.run(runner, _task(plan='{"p":"g"}'), "g", 20.0)
@@ -116,6 +121,43 @@ def test_a_candidate_timed_below_the_best_takes_its_place_only_if_faster_side_by
     assert rebuilt.best_hash == "f" and rebuilt.best_compared  # a resumed job keeps the scale too
 
 
+def test_a_win_side_by_side_counts_only_if_its_replicate_wins_and_scores_by_the_replicate():
+    """A gemm_bn job's score fell from 1.34 to 0.85 ms over ten wins of 3-9% each while every
+    plan it compared ran 1.31-1.48 ms side by side (NOTES 53): among hundreds of candidates
+    tied with the best, some win one comparison by luck.  A win is compared once more: a
+    lost replicate is a tie, a won one scores by its own ratio (not the first's, which was
+    chosen for being low), and a replicate that fails to run leaves a tie."""
+    runner = FakeRunner([{"status": OK, "median_ms": 1.40},
+                         {"status": OK, "median_ms": 1.30}, _cmp(1.30, 1.41), _cmp(1.42, 1.40),  # b: lucky once
+                         {"status": OK, "median_ms": 1.30}, _cmp(1.20, 1.40), _cmp(1.33, 1.40),  # c: 5% faster, not 14%
+                         {"status": OK, "median_ms": 1.20}, _cmp(1.20, 1.33), {"status": TIMEOUT, "error": "timed out"}])
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
+    b = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
+    assert [c[0].get("compare_with") for c in runner.calls] == [None, None, '{"p":"a"}', '{"p":"a"}']
+    assert not b["confirm"]["faster"] and b["confirm"]["first"] == {"candidate_ms": 1.30, "incumbent_ms": 1.41}
+    assert value_of(b) == pytest.approx(1.42) and log.best_hash == "a"  # a tie, on the replicate's times
+    c = log.run(runner, _task(plan='{"p":"c"}'), "c", 20.0)
+    assert c["confirm"]["faster"] and value_of(c) == pytest.approx(1.40 * 1.33 / 1.40)
+    assert (log.best_hash, log.best_timings) == ("c", [1.33])
+    d = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)
+    assert not d["confirm"]["faster"] and d["confirm"]["replicate_error"].endswith("timed out")
+    assert value_of(d) == pytest.approx(1.33) and log.best_hash == "c" and len(runner.calls) == 10
+
+
+def test_the_log_line_of_a_replicated_win_gives_both_comparisons():
+    from autofuse.job import _confirm_text
+
+    won = {"vs": "aa", "candidate_ms": 1.33, "incumbent_ms": 1.40, "rounds": 3, "faster": True,
+           "first": {"candidate_ms": 1.20, "incumbent_ms": 1.40}}
+    assert _confirm_text({"value_ms": 1.33, "confirm": won}) == (
+        "; against the best aa side by side: 1.3300 vs 1.4000 ms, new best in the replicate of a win "
+        "(1.2000 vs 1.4000 ms), scored 1.3300 ms")
+    failed = {**won, "faster": False, "candidate_ms": 1.20, "replicate_error": "timeout: timed out"}
+    assert "not faster in the replicate of a win (1.2000 vs 1.4000 ms; the replicate failed: timeout: timed out)" in \
+        _confirm_text({"value_ms": 1.40, "confirm": failed})
+
+
 def test_a_hand_picked_plan_timed_alone_a_little_above_the_best_is_compared_side_by_side():
     """An mlp_gelu job's fast_math seeds were timed alone at 13.3-13.6 ms against a best
     scored 12.81 ms, on a machine where one plan read 27-41 ms within seconds; they were
@@ -123,20 +165,20 @@ def test_a_hand_picked_plan_timed_alone_a_little_above_the_best_is_compared_side
     seed (or the stored best) within HAND_PICKED_GATE of the gate is compared; a sampler's
     candidate at the same time is not."""
     runner = FakeRunner([{"status": OK, "median_ms": 2.0},
-                         {"status": OK, "median_ms": 1.5}, _cmp(1.5, 2.0),  # b: the best, at 1.5 on a's scale
+                         {"status": OK, "median_ms": 1.5}, *_won(1.5, 2.0),  # b: the best, at 1.5 on a's scale
                          {"status": OK, "median_ms": 1.6},  # c, the sampler's, 7% above: not compared
-                         {"status": OK, "median_ms": 1.6}, _cmp(1.2, 1.5),  # d, a seed, as slow alone: compared, wins
+                         {"status": OK, "median_ms": 1.6}, *_won(1.2, 1.5),  # d, a seed, as slow alone: compared, wins
                          {"status": OK, "median_ms": 1.25 * HAND_PICKED_GATE}])  # e, a seed far above d: not compared
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
     sampled = log.run(runner, _task(plan='{"p":"c"}'), "c", 20.0)
-    assert "confirm" not in sampled and log.best_hash == "b" and len(runner.calls) == 4
+    assert "confirm" not in sampled and log.best_hash == "b" and len(runner.calls) == 5
     seed = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0, hand_picked=True)
-    assert runner.calls[5][0]["compare_with"] == '{"p":"b"}' and seed["confirm"]["faster"]
+    assert runner.calls[6][0]["compare_with"] == '{"p":"b"}' and seed["confirm"]["faster"]
     assert log.best_hash == "d" and value_of(seed) == pytest.approx(1.5 * 1.2 / 1.5)
     far = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0, hand_picked=True)
-    assert "confirm" not in far and log.best_hash == "d" and len(runner.calls) == 7
+    assert "confirm" not in far and log.best_hash == "d" and len(runner.calls) == 9
 
 
 def test_a_seed_timed_alone_at_twice_the_best_is_still_compared():
@@ -144,7 +186,7 @@ def test_a_seed_timed_alone_at_twice_the_best_is_still_compared():
     lone 0.181, in the slow first seconds of the job; side by side the seed runs 7% faster
     (NOTES 41).  A seed is compared up to HAND_PICKED_GATE (2.5x) of the gate."""
     runner = FakeRunner([{"status": OK, "median_ms": 0.181},  # the default plan, the first best
-                         {"status": OK, "median_ms": 0.350}, _cmp(0.176, 0.189)])  # the seed: compared, wins
+                         {"status": OK, "median_ms": 0.350}, *_won(0.176, 0.189)])  # the seed: compared, wins
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"default"}'), "default", 20.0)
     seed = log.run(runner, _task(plan='{"p":"tall"}'), "tall", 20.0, hand_picked=True)
@@ -165,7 +207,7 @@ def test_a_tie_with_a_lone_first_timing_rescales_the_best():
     conv_bn_relu stayed at 2.46 ms for its 10 minutes, NOTES 22)."""
     runner = FakeRunner([{"status": OK, "median_ms": 2.46},
                          {"status": OK, "median_ms": 1.32}, _cmp(1.29, 1.38, rounds=([1.2, 1.29, 1.5], [1.38] * 3)),
-                         {"status": OK, "median_ms": 1.35}, _cmp(1.2, 1.4)])
+                         {"status": OK, "median_ms": 1.35}, *_won(1.2, 1.4)])
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     tie = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
@@ -183,11 +225,11 @@ def test_a_comparison_in_which_the_incumbent_runs_far_above_its_recent_time_is_r
     more; a second one disturbed too judges the candidate against the incumbent's recent
     time, and leaves the incumbent's new time as its recent one."""
     runner = FakeRunner([{"status": OK, "median_ms": 0.5},
-                         {"status": OK, "median_ms": 0.2}, _cmp(0.1761, 0.1926),  # b wins
+                         {"status": OK, "median_ms": 0.2}, *_won(0.1761, 0.1926),  # b wins
                          {"status": OK, "median_ms": 0.15}, _cmp(0.1798, 0.1781),  # c ties: b ran 0.1781
                          {"status": OK, "median_ms": 0.12}, _cmp(0.2028, 0.3021), _cmp(0.2030, 0.3000),
                          {"status": OK, "median_ms": 0.10}, _cmp(0.4, 0.5), _cmp(0.3, 0.3),  # disturbed, then a tie
-                         {"status": OK, "median_ms": 0.10}, _cmp(0.15, 0.45), _cmp(0.2, 0.5)])  # faster still
+                         {"status": OK, "median_ms": 0.10}, *[_cmp(0.15, 0.45), _cmp(0.2, 0.5)] * 2])  # faster still, twice
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
@@ -195,7 +237,7 @@ def test_a_comparison_in_which_the_incumbent_runs_far_above_its_recent_time_is_r
     log.run(runner, _task(plan='{"p":"c"}'), "c", 20.0)
     assert (log.best_hash, log.best_recent_ms) == ("b", 0.1781)
     d = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)
-    assert 0.3021 > DISTURBED_FACTOR * 0.1781 and len(runner.calls) == 8  # compared twice
+    assert 0.3021 > DISTURBED_FACTOR * 0.1781 and len(runner.calls) == 9  # compared twice
     assert not d["confirm"]["faster"] and value_of(d) == pytest.approx(0.1761)  # 0.203 is slower than 0.178
     assert d["confirm"] == {"vs": "b", "candidate_ms": 0.2030, "incumbent_ms": 0.3000, "rounds": CONFIRM_ROUNDS,
                             "faster": False, "attempts": 2, "disturbed": True, "recent_ms": 0.1781}
@@ -219,9 +261,9 @@ def test_a_first_comparison_with_the_incumbent_far_above_its_lone_timing_is_run_
     below anything a plan ran at alone (NOTES 32).  The lone timing is the incumbent's
     recent time for the disturbed check."""
     runner = FakeRunner([{"status": OK, "median_ms": 0.5104},
-                         {"status": OK, "median_ms": 0.20}, _cmp(0.2485, 0.8126), _cmp(0.2490, 0.8000),
+                         {"status": OK, "median_ms": 0.20}, *[_cmp(0.2485, 0.8126), _cmp(0.2490, 0.8000)] * 2,
                          {"status": OK, "median_ms": 0.5104},
-                         {"status": OK, "median_ms": 0.20}, _cmp(0.2485, 0.8126), _cmp(0.24, 0.50)])
+                         {"status": OK, "median_ms": 0.20}, _cmp(0.2485, 0.8126), *_won(0.24, 0.50)])
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     b = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)  # disturbed twice: judged against a's 0.5104
@@ -231,15 +273,16 @@ def test_a_first_comparison_with_the_incumbent_far_above_its_lone_timing_is_run_
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     b = log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)  # the repeat is clean: it decides
     # a ran 0.50 side by side, below its lone 0.5104: the scale starts from there (NOTES 22)
-    assert not b["confirm"]["disturbed"] and value_of(b) == pytest.approx(0.50 * 0.24 / 0.50)
+    first = b["confirm"]["first"]  # (the replicate, clean at once, decides whether it won)
+    assert first["attempts"] == 2 and not first["disturbed"] and value_of(b) == pytest.approx(0.50 * 0.24 / 0.50)
 
 
 def test_a_candidate_is_compared_when_timed_below_the_best_plans_timed_median_even_above_its_score():
     """A score can fall below what the best plan runs at; candidates timed alone below that
     time are still compared, or the job would stop comparing (NOTES 32)."""
     runner = FakeRunner([{"status": OK, "median_ms": 0.5},
-                         {"status": OK, "median_ms": 0.2}, _cmp(0.25, 0.6),  # scored 0.5 x 0.25/0.6
-                         {"status": OK, "median_ms": 0.22}, _cmp(0.21, 0.25),  # above the score: compared
+                         {"status": OK, "median_ms": 0.2}, *_won(0.25, 0.6),  # scored 0.5 x 0.25/0.6
+                         {"status": OK, "median_ms": 0.22}, *_won(0.21, 0.25),  # above the score: compared
                          {"status": OK, "median_ms": 0.23}])  # above the best's 0.21 ms: not compared
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
@@ -249,7 +292,7 @@ def test_a_candidate_is_compared_when_timed_below_the_best_plans_timed_median_ev
     assert c["confirm"]["faster"] and value_of(c) == pytest.approx(0.5 * 0.25 / 0.6 * 0.21 / 0.25)
     assert log.best_hash == "c" and log.compare_below_ms() == 0.21
     d = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)
-    assert "confirm" not in d and len(runner.calls) == 6 and log.best_hash == "c"
+    assert "confirm" not in d and len(runner.calls) == 8 and log.best_hash == "c"
 
 
 def test_one_lucky_timing_of_the_best_does_not_stop_the_comparisons():
@@ -258,10 +301,10 @@ def test_one_lucky_timing_of_the_best_does_not_stop_the_comparisons():
     8 minutes was compared (NOTES 36).  The gate is the median of the best's last few
     side-by-side medians when that is higher."""
     runner = FakeRunner([{"status": OK, "median_ms": 1.3},
-                         {"status": OK, "median_ms": 1.1}, _cmp(1.5266, 1.5784),  # b wins, scored 1.257
+                         {"status": OK, "median_ms": 1.1}, *_won(1.5266, 1.5784),  # b wins, scored 1.257
                          *[x for inc in (1.4925, 1.5039, 1.5285, 1.4289)  # four ties
                            for x in ({"status": OK, "median_ms": 1.45}, _cmp(1.50, inc))],
-                         {"status": OK, "median_ms": 1.45}, _cmp(1.40, 1.55)])  # 1.45 alone: compared, and wins
+                         {"status": OK, "median_ms": 1.45}, *_won(1.40, 1.55)])  # 1.45 alone: compared, and wins
     log = CandidateLog()
     log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
     log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
@@ -464,18 +507,21 @@ def test_the_comparisons_script_lists_a_studys_side_by_side_timings(tmp_path):
             ("b", 0.1761, {"vs": "a", "candidate_ms": 0.1761, "incumbent_ms": 0.1926, "rounds": 3, "faster": True}),
             ("d", 0.1761, {"vs": "b", "candidate_ms": 0.2030, "incumbent_ms": 0.3000, "rounds": 3, "faster": False,
                            "attempts": 2, "disturbed": True, "recent_ms": 0.1781}),
-            ("e", 0.9, {"vs": "b", "error": "timeout: candidate timed out"})]
+            ("e", 0.9, {"vs": "b", "error": "timeout: candidate timed out"}),
+            ("f", 0.15, {"vs": "b", "candidate_ms": 0.15, "incumbent_ms": 0.18, "rounds": 3, "faster": True,
+                         "first": {"candidate_ms": 0.14, "incumbent_ms": 0.18}})]
     for h, value, confirm in rows:
         attrs = {"plan_hash": h, **({"confirm": confirm} if confirm else {})}
         study.add_trial(optuna.trial.create_trial(value=value, user_attrs=attrs))
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "study_comparisons.py"
     out = subprocess.run([sys.executable, str(script), url, "s"], capture_output=True, text=True, check=True)
     lines = out.stdout.splitlines()
-    assert len(lines) == 4 and lines[-1] == "3 comparisons, 1 run twice"
+    assert len(lines) == 5 and lines[-1] == "4 comparisons, 1 run twice"
     assert lines[0].endswith("b  score 0.1761  vs a: 0.1761 vs 0.1926 ms, faster")
     assert lines[1].endswith("d  score 0.1761  vs b: 0.2030 vs 0.3000 ms, tie  "
                              "(run twice, recent 0.1781 ms, disturbed the second time)")
     assert lines[2].endswith("e  comparison failed: timeout: candidate timed out")
+    assert lines[3].endswith("f  score 0.1500  vs b: 0.1500 vs 0.1800 ms, faster  (replicating a win of 0.1400 vs 0.1800 ms)")
 
 
 def test_the_stability_script_times_stored_plans_and_variants_over_fresh_workers(tmp_path):
