@@ -83,8 +83,8 @@ def wait_for_quiet_threads(poll_s: float = QUIET_POLL_S, max_s: float = QUIET_MA
     parallel kernel, TVM's pool worker spins (300000 yields, about 45 ms of a full core here)
     waiting for the next one, and OpenBLAS's threads do the same: a kernel of another runtime
     timed then shares the cores with them.  onnxruntime's first 50 ms repeat right after a TVM
-    kernel ran 1.4-2.3x slower (median of six, in three runs) than after itself or after this
-    wait (NOTES 53)."""
+    kernel ran up to 2.3x slower (the median of six) than after itself or after this wait;
+    the effect comes and goes from run to run (NOTES 53)."""
     start = time.perf_counter()
     while True:
         cpu, wall = time.process_time(), time.perf_counter()
