@@ -19,7 +19,7 @@ import numpy as np
 from onnx import TensorProto
 from onnx import helper as h
 
-from autofuse.bench.columns import time_python
+from autofuse.bench.columns import cores_busy_while_sleeping, time_python
 from autofuse.bench.roofline import copy_kernel
 from autofuse.peers import onnxruntime_session
 from autofuse.target import num_threads
@@ -33,9 +33,7 @@ def main() -> None:
         shares = []
         for _ in range(3):
             copy.run_s(1, 0)
-            cpu, wall = time.process_time(), time.perf_counter()
-            time.sleep(nap)
-            shares.append((time.process_time() - cpu) / (time.perf_counter() - wall))
+            shares.append(cores_busy_while_sleeping(nap))
         print(f"sleep {nap:4.2f} s right after a TVM run: cores used {' '.join(f'{v:.2f}' for v in shares)}")
     m, k, n = 512, 1024, 1024
     w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
@@ -49,19 +47,20 @@ def main() -> None:
     def matmul() -> None:
         sess.run(None, {"x": x})
 
+    def tvm_then_sleep() -> None:
+        copy.run_s(3, 50)
+        time.sleep(0.5)
+
+    before = {"after onnxruntime": lambda: time_python(matmul, 50, 1), "right after TVM": lambda: copy.run_s(3, 50),
+              "after TVM and 0.5 s": tvm_then_sleep}
     time_python(matmul, 50, 3)
-    rounds: dict[str, list[list[float]]] = {"after onnxruntime": [], "right after TVM": [], "after TVM and 0.5 s": []}
+    rounds: dict[str, list[list[float]]] = {what: [] for what in before}
     for _ in range(6):
         for what, timings in rounds.items():
-            if what == "after onnxruntime":
-                time_python(matmul, 50, 1)
-            else:
-                copy.run_s(3, 50)
-                if "0.5 s" in what:
-                    time.sleep(0.5)
+            before[what]()
             timings.append(time_python(matmul, 50, 3))
     for what, timings in rounds.items():
-        first, later = [t[0] for t in timings], [x for t in timings for x in t[1:]]
+        first, later = [t[0] for t in timings], [ms for t in timings for ms in t[1:]]
         print(f"onnxruntime {what:20s}: first repeat {statistics.median(first):.3f} ms ({min(first):.3f}-{max(first):.3f}), "
               f"later repeats {statistics.median(later):.3f} ms ({min(later):.3f}-{max(later):.3f})")
 

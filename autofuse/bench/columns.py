@@ -87,11 +87,16 @@ def wait_for_quiet_threads(poll_s: float = QUIET_POLL_S, max_s: float = QUIET_MA
     the effect comes and goes from run to run (NOTES 53)."""
     start = time.perf_counter()
     while True:
-        cpu, wall = time.process_time(), time.perf_counter()
-        time.sleep(poll_s)
-        busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
-        if busy < QUIET_CPU_SHARE or time.perf_counter() - start >= max_s:
+        if cores_busy_while_sleeping(poll_s) < QUIET_CPU_SHARE or time.perf_counter() - start >= max_s:
             return time.perf_counter() - start
+
+
+def cores_busy_while_sleeping(seconds: float) -> float:
+    """How many cores this process's other threads used while the calling thread slept
+    ``seconds`` (CPU time over wall time)."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    return (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
 class _Runnable:
