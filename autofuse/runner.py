@@ -552,11 +552,13 @@ class CandidateLog:
         often enough on that noise that the best's score drifted down by a third in 10
         minutes with nothing faster found (NOTES 21).
         A win is replicated: the comparison runs once more, and only a second win makes the
-        candidate the best, scored by that second ratio.  Among hundreds of candidates tied
-        with the best, some pass one comparison by luck, and their scores compounded: a
-        gemm_bn job's score fell from 1.34 to 0.85 ms over ten wins of 3-9% each while every
-        plan it compared ran 1.31-1.48 ms side by side (NOTES 53).  The first comparison
-        chose the candidate for its ratio; the second one's is not chosen, so not biased.
+        candidate the best, scored by the smaller of its two gains.  Among hundreds of
+        candidates tied with the best, some pass one comparison by luck, and their scores
+        compounded: a gemm_bn job's score fell from 1.34 to 0.85 ms over ten wins of 3-9% each
+        while every plan it compared ran 1.31-1.48 ms side by side (NOTES 53).  The first
+        comparison chose the candidate for its ratio, so it is biased low; the replicate's is
+        not biased, but noisy: an attention job's replicate met a slow incumbent and read a
+        0.90 step as 0.82, and its score ended 21% below its plan's time (NOTES 53).
         A comparison in which the incumbent runs more than ``DISTURBED_FACTOR`` times its
         latest side-by-side median (:meth:`best_timed_ms`: its lone timing before the first
         comparison) is disturbed, and is run once more.  If the second one is
@@ -582,6 +584,8 @@ class CandidateLog:
             decided = {**first, "faster": False, "replicate_error": again["error"]} if "error" in again else again
             decided["first"] = {k: v for k, v in first.items() if k not in ("rounds", "faster", "ratio")}
         ratio = decided.pop("ratio")
+        if decided["faster"] and "first" in decided:  # the smaller of the two gains
+            ratio = max(ratio, first["ratio"])
         tie = max(1.0, decided["candidate_ms"] / decided["incumbent_ms"])
         res["value_ms"] = self.best_ms * (ratio if decided["faster"] else tie)
         res["confirm"] = {"vs": self.best_hash, **decided}
