@@ -584,7 +584,7 @@ class CandidateLog:
             decided = {**first, "faster": False, "replicate_error": again["error"]} if "error" in again else again
             decided["first"] = {k: v for k, v in first.items() if k not in ("rounds", "faster", "ratio")}
         ratio = decided.pop("ratio")
-        if decided["faster"] and "first" in decided:  # the smaller of the two gains
+        if decided["faster"]:  # (a replicated win) by the smaller of its two gains
             ratio = max(ratio, first["ratio"])
         tie = max(1.0, decided["candidate_ms"] / decided["incumbent_ms"])
         res["value_ms"] = self.best_ms * (ratio if decided["faster"] else tie)
