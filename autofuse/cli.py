@@ -293,12 +293,12 @@ def tune(space: str, target_text: str, trials: int | None, timeout_text: str | N
         if b:
             ups = ", ".join(f"{v:.2f}× vs {k.removeprefix('speedup_vs_')}" for k, v in b.items()
                             if k.startswith("speedup_vs_") and v)
-            p75 = ""
-            if b.get("p75_ms"):
+            ranked_by = ""
+            if b.get("rank_ms"):
                 how = (f"both speed levels, {b['slow_runs']} of {len(b['runs_ms'])} runs slow" if b.get("slow_runs")
                        else f"p75 of {len(b['runs_ms'])} runs")
-                p75 = f", ranked by {b['p75_ms']:.4f} ms ({how})"
-            c.print(f"best plan {b['plan_hash']} ({b['label']}): median {b['median_ms']:.4f} ms{p75}"
+                ranked_by = f", ranked by {b['rank_ms']:.4f} ms ({how})"
+            c.print(f"best plan {b['plan_hash']} ({b['label']}): median {b['median_ms']:.4f} ms{ranked_by}"
                     + (f"  ({ups})" if ups else ""))
         o = result.overhead
         c.print(f"time: sampler+storage {o['sampler_and_storage_s']:.1f} s ({100 * o['sampler_and_storage_share']:.0f}%), "

@@ -123,13 +123,13 @@ def register(group: click.Group) -> click.Group:
             from rich.table import Table
 
             t = Table(title=f"autofuse leaderboard ({db.url})",
-                      caption="ranked by p75: a final re-measurement's 75th percentile of runs, or where it saw "
+                      caption="rank ms: what a final re-measurement ranks by, its 75th percentile of runs, or where it saw "
                               "the host's two speed levels, the geometric mean of its median in each (else the median)")
-            cols = (["#"] if top > 1 else []) + ["workload", "target", "plan", "median ms ± spread", "p75 ms",
+            cols = (["#"] if top > 1 else []) + ["workload", "target", "plan", "median ms ± spread", "rank ms",
                                                  "vs unfused", "vs default", "trials", "tuned at", "TVM", "stale"]
             for c in cols:
                 t.add_column(c, no_wrap=c in ("workload", "plan", "target"),
-                             justify="right" if c in ("#", "median ms ± spread", "p75 ms", "vs unfused", "vs default",
+                             justify="right" if c in ("#", "median ms ± spread", "rank ms", "vs unfused", "vs default",
                                                       "trials") else "left")
             for r, reasons in zip(rows, stale):
                 cells = [str(r.rank)] if top > 1 else []
@@ -138,7 +138,7 @@ def register(group: click.Group) -> click.Group:
                     _target_short(r.target),
                     f"{r.plan_hash} ({r.label})",
                     f"{r.median_ms:.4f} ± {_fmt(r.spread_ms)}",
-                    _fmt(r.p75_ms),
+                    _fmt(r.rank_ms),
                     _speedup(r.speedup_vs_unfused),
                     _speedup(r.speedup_vs_default),
                     str(r.trials),

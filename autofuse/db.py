@@ -18,8 +18,9 @@ Design notes
   a one-line :class:`DBError` and is never modified.
 * Schema version lives in ``af_schema``; ``MIGRATIONS[v](connection)`` upgrades
   a database from version ``v`` to ``v + 1`` inside the opening transaction.
-  A read-only reader of a version-1 database (no ``p75_ms`` column) reads it
-  as it is, that column as NULL: upgrading autofuse never locks readers out.
+  A read-only reader of an older database reads it as it is (version 1 has no
+  rank column, read as NULL; version 2 calls it ``p75_ms``): upgrading autofuse
+  never locks readers out.
 
 This module deliberately does not import TVM.
 """
@@ -56,6 +57,7 @@ from sqlalchemy import (
     event,
     exc as sa_exc,
     inspect,
+    literal_column,
     null,
     select,
 )
@@ -98,7 +100,7 @@ def normalize_url(text: str) -> str:
     if "://" in text or not text.strip():
         return text
     return f"sqlite:///{text}"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _add_p75_column(conn: Connection) -> None:
@@ -107,10 +109,18 @@ def _add_p75_column(conn: Connection) -> None:
         conn.exec_driver_sql("ALTER TABLE af_measurements ADD COLUMN p75_ms FLOAT")
 
 
+def _rename_p75_to_rank(conn: Connection) -> None:
+    """2 -> 3: ``p75_ms`` becomes ``rank_ms``.  It holds what a final ranks by, which is a
+    75th percentile only when the final saw one of the host's speed levels (job.final_rank_ms)."""
+    names = {c["name"] for c in inspect(conn).get_columns("af_measurements")}
+    if "p75_ms" in names and "rank_ms" not in names:
+        conn.exec_driver_sql("ALTER TABLE af_measurements RENAME COLUMN p75_ms TO rank_ms")
+
+
 #: ``{from_version: fn(connection)}``; ``fn`` upgrades the schema from
 #: ``from_version`` to ``from_version + 1``.  It runs inside the (exclusive)
 #: opening transaction; ``af_schema`` is updated by :class:`PlanDB` afterwards.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _add_p75_column}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _add_p75_column, 2: _rename_p75_to_rank}
 
 BUSY_TIMEOUT_S = 30.0
 WRITE_RETRIES = 8
@@ -210,9 +220,10 @@ af_measurements = Table(
     Column("max_ms", Float, nullable=True),
     Column("std_ms", Float, nullable=True),
     # A final re-measurement times each plan in several runs spread over its rounds; this is
-    # the 75th percentile of those runs' medians, the time the plan keeps in three runs of
-    # four, slow minutes of a shared machine included.  Finals rank by it (see _rank).
-    Column("p75_ms", Float, nullable=True),
+    # what it ranks the plan by (job.final_rank_ms): the 75th percentile of those runs'
+    # medians, the time the plan keeps in three runs of four, or where the final saw both of
+    # the host's speed levels, the geometric mean of its median in each.  NULL for a trial.
+    Column("rank_ms", Float, nullable=True),
     Column("repeats", Integer, nullable=False),
     Column("correct", Boolean, nullable=False),
     Column("max_rel_err", Float, nullable=True),
@@ -250,7 +261,7 @@ class BestPlan:
     autofuse_version: str
     measured_at: str
     trials: int  # distinct (study, trial_number) measured for workload+target
-    p75_ms: float | None = None  # what a final re-measurement ranks by (job.final_rank_ms)
+    rank_ms: float | None = None  # what a final re-measurement ranks by (job.final_rank_ms)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -273,7 +284,7 @@ class LeaderRow:
     autofuse_version: str
     rank: int = 1
     host: dict | None = None  # host fingerprint of the chosen measurement (staleness checks)
-    p75_ms: float | None = None  # what a final re-measurement ranks by (job.final_rank_ms)
+    rank_ms: float | None = None  # what a final re-measurement ranks by (job.final_rank_ms)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -312,7 +323,7 @@ class _Rec:
     median_ms: float | None
     min_ms: float | None
     max_ms: float | None
-    p75_ms: float | None
+    rank_ms: float | None  # a final's rank time (job.final_rank_ms); None for a trial
     repeats: int
     correct: bool
     max_rel_err: float | None
@@ -335,10 +346,10 @@ class _Rec:
         return bool(self.correct) and self.median_ms is not None
 
     @property
-    def rank_ms(self) -> float:
+    def sort_ms(self) -> float:
         """What the measurement ranks by: a final re-measurement's rank time (its runs' 75th
         percentile, or the mean of its two speed levels: job.final_rank_ms), else its median."""
-        return float(self.p75_ms if self.p75_ms is not None else self.median_ms)  # type: ignore[arg-type]
+        return float(self.rank_ms if self.rank_ms is not None else self.median_ms)  # type: ignore[arg-type]
 
 
 _REC_COLUMNS = (
@@ -354,7 +365,7 @@ _REC_COLUMNS = (
     af_measurements.c.median_ms,
     af_measurements.c.min_ms,
     af_measurements.c.max_ms,
-    af_measurements.c.p75_ms,
+    af_measurements.c.rank_ms,
     af_measurements.c.repeats,
     af_measurements.c.correct,
     af_measurements.c.max_rel_err,
@@ -368,10 +379,13 @@ _REC_COLUMNS = (
 )
 
 
-def _rec_select(with_p75: bool = True):
-    """``with_p75=False``: a version-1 database, read as is (no such column yet)."""
-    columns = _REC_COLUMNS if with_p75 else [null().label("p75_ms") if c is af_measurements.c.p75_ms else c
-                                             for c in _REC_COLUMNS]
+def _rec_select(rank_column: str | None = "rank_ms"):
+    """``rank_column``: what this database calls the rank time; an older database opened
+    read-only is read as it is (version 2: ``p75_ms``; version 1: None, no such column)."""
+    rank = (af_measurements.c.rank_ms if rank_column == "rank_ms"
+            else null() if rank_column is None
+            else literal_column(f"af_measurements.{rank_column}", Float))
+    columns = [rank.label("rank_ms") if c is af_measurements.c.rank_ms else c for c in _REC_COLUMNS]
     return (
         select(*columns)
         .select_from(af_measurements)
@@ -397,7 +411,7 @@ def _count_trials(recs: Iterable[_Rec]) -> int:
 
 def _rank(recs: Sequence[_Rec]) -> _Ranked:
     """Rank plans of one group: only ``final`` measurements count when the group has
-    any correct final measurement; the lowest ``rank_ms`` wins (a final's 75th
+    any correct final measurement; the lowest ``sort_ms`` wins (a final's 75th
     percentile of runs: a plan that is fast in some minutes and much slower in others
     does not win on its fast minutes, NOTES 33)."""
     usable = [r for r in recs if r.usable]
@@ -406,9 +420,9 @@ def _rank(recs: Sequence[_Rec]) -> _Ranked:
     best: dict[str, _Rec] = {}
     for r in pool:
         cur = best.get(r.plan_hash)
-        if cur is None or (r.rank_ms, r.id) < (cur.rank_ms, cur.id):
+        if cur is None or (r.sort_ms, r.id) < (cur.sort_ms, cur.id):
             best[r.plan_hash] = r
-    plans = sorted(best.values(), key=lambda r: (r.rank_ms, r.id))
+    plans = sorted(best.values(), key=lambda r: (r.sort_ms, r.id))
     return _Ranked(plans=plans, pool=pool, trials=_count_trials(recs))
 
 
@@ -441,7 +455,7 @@ class PlanDB:
 
     def __init__(self, url: str = DEFAULT_URL, *, create: bool = True, readonly: bool = False) -> None:
         self.readonly = readonly
-        self._with_p75 = True  # False: a version-1 database opened read-only (see _init_schema)
+        self._rank_column: str | None = "rank_ms"  # an older database opened read-only: see _init_schema
         self._engine: Engine | None = None
         try:
             self._url: URL = make_url(url)
@@ -579,8 +593,8 @@ class PlanDB:
                 raise DBError(f"{self._display} has no tables yet (a job may be creating it): no tuned plans")
             if version is None:
                 raise DBError(f"{self._display} is not an autofuse database (no af_schema table)")
-            if version == 1 and names.issuperset(AF_TABLES):  # version 2 only added p75_ms
-                self._with_p75 = False
+            if version in (1, 2) and names.issuperset(AF_TABLES):  # 2 added p75_ms, 3 renamed it rank_ms
+                self._rank_column = {1: None, 2: "p75_ms"}[version]
                 return
             if version < SCHEMA_VERSION:
                 raise DBError(
@@ -670,7 +684,7 @@ class PlanDB:
     def _recs(self, **filters: Any) -> list[_Rec]:
         """Measurements joined with their plan, workload and target (``_fetch_recs`` filters),
         read the way this database's schema version allows."""
-        return self._read(_fetch_recs, with_p75=self._with_p75, **filters)
+        return self._read(_fetch_recs, rank_column=self._rank_column, **filters)
 
     # ---- writes -----------------------------------------------------------
     def put_workload(self, hash: str, name: str, graph_json: str) -> int:  # noqa: A002 - spec'd name
@@ -706,7 +720,7 @@ class PlanDB:
         max_ms: float | None,
         std_ms: float | None,
         repeats: int,
-        p75_ms: float | None = None,
+        rank_ms: float | None = None,
         correct: bool,
         max_rel_err: float | None = None,
         error: str | None = None,
@@ -730,7 +744,7 @@ class PlanDB:
             min_ms=_finite_or_none(min_ms),
             max_ms=_finite_or_none(max_ms),
             std_ms=_finite_or_none(std_ms),
-            p75_ms=_finite_or_none(p75_ms),
+            rank_ms=_finite_or_none(rank_ms),
             repeats=int(repeats),
             correct=bool(correct),
             max_rel_err=_finite_or_none(max_rel_err),
@@ -789,7 +803,7 @@ class PlanDB:
             autofuse_version=b.autofuse_version,
             measured_at=b.created_at,
             trials=ranked.trials,
-            p75_ms=b.p75_ms,
+            rank_ms=b.rank_ms,
         )
 
     def leaderboard(self, workload: str | None = None, target: str | None = None, top: int = 1) -> list[LeaderRow]:
@@ -831,7 +845,7 @@ class PlanDB:
                         autofuse_version=b.autofuse_version,
                         rank=i,
                         host=json.loads(b.host_json),
-                        p75_ms=b.p75_ms,
+                        rank_ms=b.rank_ms,
                     )
                 )
         return rows
@@ -931,8 +945,8 @@ def _add_measurement(conn: Connection, values: dict[str, Any]) -> int:
 
 
 def _fetch_recs(conn: Connection, *, workload_hash: str | None = None, target_json: str | None = None,
-                with_p75: bool = True) -> list[_Rec]:
-    q = _rec_select(with_p75)
+                rank_column: str | None = "rank_ms") -> list[_Rec]:
+    q = _rec_select(rank_column)
     if workload_hash is not None:
         q = q.where(af_workloads.c.hash == workload_hash)
     if target_json is not None:

@@ -633,7 +633,7 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
     """Re-measure the top-k plans and the references together (:func:`time_final`, for
     ``FINAL_SHARE`` of the job's time, longer until it has seen both speed levels), store
     the results, and return them best first, by :func:`final_rank_ms` (stored as the
-    measurement's ``p75_ms``, what the leaderboard ranks finals by)."""
+    measurement's ``rank_ms``, what the leaderboard ranks finals by)."""
     w = get_workload(cfg.space, cfg.tiny)
     target = cfg.target_obj()
     host = host_fingerprint()
@@ -652,18 +652,17 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
         if not s and not err:
             continue  # the job was stopped before this plan was timed: nothing to store
         ok = err is None
-        p75 = rank.get(h)
         plan_id = db.put_plan(w.hash, target.spec, host, h, plan_json, label)
         db.add_measurement(plan_id, median_ms=statistics.median(s) if ok else None, min_ms=min(s) if ok else None,
-                           max_ms=max(s) if ok else None, std_ms=statistics.pstdev(s) if ok else None, p75_ms=p75,
+                           max_ms=max(s) if ok else None, std_ms=statistics.pstdev(s) if ok else None, rank_ms=rank.get(h),
                            repeats=len(s), correct=ok, error=err, kind="final",
                            tvm_version=_tvm_version(), autofuse_version=autofuse.__version__, study=study.study_name)
         out.append({"plan_hash": h, "label": label, "correct": ok, "median_ms": statistics.median(s) if ok else None,
-                    "p75_ms": p75, "spread_ms": (max(s) - min(s)) if ok else None, "repeats": len(s),
+                    "rank_ms": rank.get(h), "spread_ms": (max(s) - min(s)) if ok else None, "repeats": len(s),
                     "runs_ms": [round(x, 6) for x in timed[h].run_medians], "error": err,
                     "slow_runs": None if slow is None else sum(r in slow for r in timed[h].rounds)})
     db.close()
-    out.sort(key=lambda r: (not r["correct"], r["p75_ms"] or 0.0))
+    out.sort(key=lambda r: (not r["correct"], r["rank_ms"] or 0.0))
     log.info("final re-measurement: %s", json.dumps(out))
     return out
 
@@ -679,7 +678,7 @@ def choice_of_shorter_job(cfg: JobConfig, complete: list[optuna.trial.FrozenTria
     timed = time_final(cfg, chosen, final_seconds(job_wall_s), wait_s=final_wait_seconds(job_wall_s)) if chosen else {}
     slow = final_levels(chosen, timed)
     ranked = sorted((v, h) for h, v in final_rank_ms(timed, slow).items())
-    details = {"candidates": list(chosen), "p75_ms": {h: round(v, 6) for v, h in ranked},
+    details = {"candidates": list(chosen), "rank_ms": {h: round(v, 6) for v, h in ranked},
                "rounds": max((len(t.runs) for t in timed.values()), default=0),
                "slow_rounds": None if slow is None else len(slow)}
     return (chosen[ranked[0][1]][0] if ranked else None), details

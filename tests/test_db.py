@@ -112,11 +112,11 @@ def test_finals_rank_by_the_75th_percentile_of_their_runs(db: PlanDB) -> None:
     steady = db.put_plan("w", LLVM, HOST, "steady", "{}", "default")
     for plan_id, median, p75 in ((jumpy, 0.190, 0.249), (steady, 0.205, 0.213)):
         db.add_measurement(plan_id, median_ms=median, min_ms=median, max_ms=p75 * 1.2, std_ms=0.01, repeats=24,
-                           p75_ms=p75, correct=True, kind="final", **VERS)
+                           rank_ms=p75, correct=True, kind="final", **VERS)
     best = db.best_plan("w", LLVM)
-    assert best is not None and (best.plan_hash, best.median_ms, best.p75_ms) == ("steady", 0.205, 0.213)
+    assert best is not None and (best.plan_hash, best.median_ms, best.rank_ms) == ("steady", 0.205, 0.213)
     rows = db.leaderboard(top=2)
-    assert [(r.plan_hash, r.p75_ms) for r in rows] == [("steady", 0.213), ("jumpy", 0.249)]
+    assert [(r.plan_hash, r.rank_ms) for r in rows] == [("steady", 0.213), ("jumpy", 0.249)]
     # without a p75 (a trial, or a final of a version-1 database) the median is what ranks
     _measure(db, jumpy, 0.200, kind="final")
     assert db.best_plan("w", LLVM).plan_hash == "jumpy"
@@ -128,27 +128,58 @@ def test_a_version_1_database_is_read_as_is_and_migrated_when_opened_to_write(tm
         d.put_workload("w", "net", "{}")
         plan = d.put_plan("w", LLVM, HOST, "p", "{}", "tuned")
         _measure(d, plan, 1.5, kind="final")
-    con = sqlite3.connect(path)  # what version 1 wrote: no p75_ms column
+    con = sqlite3.connect(path)  # what version 1 wrote: no rank column
     with con:
-        con.execute("ALTER TABLE af_measurements DROP COLUMN p75_ms")
+        con.execute("ALTER TABLE af_measurements DROP COLUMN rank_ms")
     con.close()
     _set_version(path, 1)
     before = _sha(path)
 
     with PlanDB(_url(path), create=False, readonly=True) as d:  # a reader after an upgrade of autofuse
         best = d.best_plan("w", LLVM)
-        assert best is not None and (best.median_ms, best.p75_ms) == (1.5, None)
+        assert best is not None and (best.median_ms, best.rank_ms) == (1.5, None)
         assert [r.plan_hash for r in d.leaderboard()] == ["p"]
     assert _sha(path) == before  # read-only means untouched
 
     with PlanDB(_url(path)) as d:  # a job opens it to write: migrated, data kept
-        assert d.schema_version() == 2
-        assert "p75_ms" in {c["name"] for c in inspect(d.engine).get_columns("af_measurements")}
-        d.add_measurement(plan, median_ms=1.4, min_ms=1.3, max_ms=1.6, std_ms=0.1, repeats=8, p75_ms=1.45,
+        assert d.schema_version() == dbmod.SCHEMA_VERSION
+        assert "rank_ms" in {c["name"] for c in inspect(d.engine).get_columns("af_measurements")}
+        d.add_measurement(plan, median_ms=1.4, min_ms=1.3, max_ms=1.6, std_ms=0.1, repeats=8, rank_ms=1.45,
                           correct=True, kind="final", **VERS)
         best = d.best_plan("w", LLVM)
-        assert (best.median_ms, best.p75_ms) == (1.4, 1.45)
+        assert (best.median_ms, best.rank_ms) == (1.4, 1.45)
         assert len(d.measurements("w", LLVM)) == 2
+
+
+def test_a_version_2_database_reads_its_p75_column_as_the_rank_and_is_renamed_when_opened_to_write(
+        tmp_path: Path) -> None:
+    """Version 2 called the rank time ``p75_ms``; it is a 75th percentile only when a final saw
+    one speed level, so version 3 calls it ``rank_ms``.  Readers still rank a version-2 database
+    by it, and the rename keeps every stored value."""
+    path = tmp_path / "af.db"
+    with PlanDB(_url(path)) as d:
+        d.put_workload("w", "net", "{}")
+        jumpy = d.put_plan("w", LLVM, HOST, "jumpy", "{}", "mutation")
+        steady = d.put_plan("w", LLVM, HOST, "steady", "{}", "default")
+        for plan_id, median, rank in ((jumpy, 0.190, 0.249), (steady, 0.205, 0.213)):
+            d.add_measurement(plan_id, median_ms=median, min_ms=median, max_ms=0.3, std_ms=0.01, repeats=24,
+                              rank_ms=rank, correct=True, kind="final", **VERS)
+    con = sqlite3.connect(path)  # what version 2 wrote
+    with con:
+        con.execute("ALTER TABLE af_measurements RENAME COLUMN rank_ms TO p75_ms")
+    con.close()
+    _set_version(path, 2)
+    before = _sha(path)
+
+    with PlanDB(_url(path), create=False, readonly=True) as d:  # ranked by the stored values, not the medians
+        assert [(r.plan_hash, r.rank_ms) for r in d.leaderboard(top=2)] == [("steady", 0.213), ("jumpy", 0.249)]
+    assert _sha(path) == before
+
+    with PlanDB(_url(path)) as d:
+        assert d.schema_version() == 3
+        columns = {c["name"] for c in inspect(d.engine).get_columns("af_measurements")}
+        assert "rank_ms" in columns and "p75_ms" not in columns
+        assert [(r.plan_hash, r.rank_ms) for r in d.leaderboard(top=2)] == [("steady", 0.213), ("jumpy", 0.249)]
 
 
 def test_best_plan_host_preference(db: PlanDB) -> None:

@@ -18,7 +18,7 @@ from autofuse.workload import get_workload
 
 REQUIRED = ("workload", "workload_hash", "target", "plan_hash", "label", "median_ms", "spread_ms",
             "speedup_vs_unfused", "speedup_vs_default", "trials", "tuned_at", "tvm_version", "autofuse_version",
-            "rank", "p75_ms")
+            "rank", "rank_ms")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

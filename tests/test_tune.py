@@ -37,7 +37,7 @@ def test_tune_records_baselines_trials_and_final_measurements(tmp_path):
     assert {f["label"] for f in out["final"]} >= {"unfused", "default"}
     timed = [f for f in out["final"] if f["correct"]]
     assert len({len(f["runs_ms"]) for f in timed}) == 1 and len(timed[0]["runs_ms"]) >= 8  # one per round
-    assert [f["p75_ms"] for f in timed] == sorted(f["p75_ms"] for f in timed)  # ranked by it
+    assert [f["rank_ms"] for f in timed] == sorted(f["rank_ms"] for f in timed)  # ranked by it
     assert out["best"]["plan_hash"] == timed[0]["plan_hash"]
     log = Path(out["log"])  # beside the database, not in a results/ folder of the working directory
     assert log.parent == tmp_path and "trial" in log.read_text()
@@ -647,10 +647,10 @@ def test_the_choice_of_a_shorter_job_is_its_final_over_the_plans_it_had_and_stor
     plan_json, details = choice_of_shorter_job(cfg, early, job_wall_s=10.0)
     assert details["candidates"] == list(final_candidates(early, cfg.top_k))
     assert details["rounds"] >= cfg.final_rounds
-    assert set(details["p75_ms"]) == set(details["candidates"])  # every candidate timed (none failed)
-    fastest = min(details["p75_ms"], key=details["p75_ms"].get)
+    assert set(details["rank_ms"]) == set(details["candidates"])  # every candidate timed (none failed)
+    fastest = min(details["rank_ms"], key=details["rank_ms"].get)
     assert Plan.from_json(plan_json).hash == fastest
     assert con.execute(count).fetchone() == (before,)  # a what-if: nothing stored
     con.close()
-    assert choice_of_shorter_job(cfg, [], job_wall_s=10.0) == (None, {"candidates": [], "p75_ms": {}, "rounds": 0,
+    assert choice_of_shorter_job(cfg, [], job_wall_s=10.0) == (None, {"candidates": [], "rank_ms": {}, "rounds": 0,
                                                                    "slow_rounds": None})
