@@ -117,7 +117,7 @@ def test_finals_rank_by_the_75th_percentile_of_their_runs(db: PlanDB) -> None:
     assert best is not None and (best.plan_hash, best.median_ms, best.rank_ms) == ("steady", 0.205, 0.213)
     rows = db.leaderboard(top=2)
     assert [(r.plan_hash, r.rank_ms) for r in rows] == [("steady", 0.213), ("jumpy", 0.249)]
-    # without a p75 (a trial, or a final of a version-1 database) the median is what ranks
+    # without a rank time (a trial, or a final of a version-1 database) the median is what ranks
     _measure(db, jumpy, 0.200, kind="final")
     assert db.best_plan("w", LLVM).plan_hash == "jumpy"
 
