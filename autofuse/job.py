@@ -653,12 +653,13 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
             continue  # the job was stopped before this plan was timed: nothing to store
         ok = err is None
         rank_ms = rank.get(h)
+        median_ms = statistics.median(s) if ok else None
         plan_id = db.put_plan(w.hash, target.spec, host, h, plan_json, label)
-        db.add_measurement(plan_id, median_ms=statistics.median(s) if ok else None, min_ms=min(s) if ok else None,
+        db.add_measurement(plan_id, median_ms=median_ms, min_ms=min(s) if ok else None,
                            max_ms=max(s) if ok else None, std_ms=statistics.pstdev(s) if ok else None, rank_ms=rank_ms,
                            repeats=len(s), correct=ok, error=err, kind="final",
                            tvm_version=_tvm_version(), autofuse_version=autofuse.__version__, study=study.study_name)
-        out.append({"plan_hash": h, "label": label, "correct": ok, "median_ms": statistics.median(s) if ok else None,
+        out.append({"plan_hash": h, "label": label, "correct": ok, "median_ms": median_ms,
                     "rank_ms": rank_ms, "spread_ms": (max(s) - min(s)) if ok else None, "repeats": len(s),
                     "runs_ms": [round(x, 6) for x in timed[h].run_medians], "error": err,
                     "slow_runs": None if slow is None else sum(r in slow for r in timed[h].rounds)})
