@@ -223,8 +223,12 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
 
 def _confirm_text(res: dict[str, Any]) -> str:
     c = res.get("confirm")
-    if not c or res.get("repeat"):
+    if res.get("repeat"):
         return ""
+    if not c:
+        sc = res.get("scaled")
+        return "" if not sc else (f"; not compared (the best runs {sc['best_side_by_side_ms']:.4f} ms side by side), "
+                                  f"scored {res['value_ms']:.4f} ms on the scale of its {sc['best_ms']:.4f}")
     if "error" in c:
         return f"; timing it against the best failed ({c['error']}), its own median counts"
     verdict = "new best" if c["faster"] else "not faster"

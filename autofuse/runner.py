@@ -417,22 +417,26 @@ class CandidateLog:
 
     @classmethod
     def from_trials(cls, trials: list[Any]) -> CandidateLog:
-        """Rebuilt from a study's finished trials (their ``plan_hash``, ``status``,
-        ``seconds`` and ``plan`` attributes), so a resumed job does not repeat what it has
-        measured, and goes on comparing against its best plan."""
+        """Rebuilt from a study's finished trials, so a resumed job does not repeat what it
+        has measured, and goes on comparing against its best plan."""
         log = cls()
         for t in trials:
-            h, status = t.user_attrs.get("plan_hash"), t.user_attrs.get("status")
-            if not h or not status or t.user_attrs.get("repeat"):
-                continue
-            res: dict[str, Any] = {"status": status, "correct": status == OK, "error": t.user_attrs.get("error")}
-            if status == OK:
-                if t.value is None:
-                    continue
-                res["median_ms"] = float(t.value)
-                res["confirm"] = t.user_attrs.get("confirm")
-            log.record(h, res, t.user_attrs.get("seconds"), t.user_attrs.get("plan"))
+            log.add_trial(t)
         return log
+
+    def add_trial(self, t: Any) -> None:
+        """Record one finished trial from what :meth:`mark` wrote on it (its ``plan_hash``,
+        ``status``, ``seconds``, ``plan`` and ``confirm`` attributes) and its value."""
+        h, status = t.user_attrs.get("plan_hash"), t.user_attrs.get("status")
+        if not h or not status or t.user_attrs.get("repeat"):
+            return
+        res: dict[str, Any] = {"status": status, "correct": status == OK, "error": t.user_attrs.get("error")}
+        if status == OK:
+            if t.value is None:
+                return
+            res["median_ms"] = float(t.value)
+            res["confirm"] = t.user_attrs.get("confirm")
+        self.record(h, res, t.user_attrs.get("seconds"), t.user_attrs.get("plan"))
 
     @staticmethod
     def mark(trial: Any, plan_hash: str, res: dict[str, Any]) -> None:
@@ -488,20 +492,29 @@ class CandidateLog:
         lone timing while it has none."""
         return self.best_recent_ms if self.best_recent_ms is not None else self.best_ms
 
-    def compare_below_ms(self) -> float | None:
-        """A candidate timed alone below this is timed against the best.  The highest of its
-        score, its latest side-by-side median and the median of its last few: a score is the
-        product of the side-by-side ratios that made it the best, and can fall below what
-        any plan runs at alone, after which no candidate would be compared again (a
-        mobilenet_block job's first comparison scored the default plan 0.156 ms while it ran
-        0.25 ms, and the job made no other comparison in its 10 minutes, NOTES 32); and one
-        lucky latest timing did the same (a conv_bn_relu job's best ran 1.49-1.53 ms side by
-        side, then 1.43 once, and none of the 511 candidates of its last 8 minutes timed
-        alone below that, NOTES 36)."""
-        timed = self.best_timed_ms()  # None only while there is no best
-        if self.best_ms is None or timed is None:
+    def side_by_side_ms(self) -> float | None:
+        """What the best plan runs at side by side: the higher of its latest side-by-side
+        median and the median of its last few (None before its first comparison).  The
+        latest alone can be one lucky timing: a conv_bn_relu job's best ran 1.49-1.53 ms side
+        by side, then 1.43 once, and none of the 511 candidates of its last 8 minutes timed
+        alone below that (NOTES 36)."""
+        if not self.best_timings:
             return None
-        return max(self.best_ms, timed, statistics.median(self.best_timings or [timed]))
+        return max(self.best_timings[-1], statistics.median(self.best_timings))
+
+    def compare_below_ms(self) -> float | None:
+        """A candidate timed alone below this is timed against the best: what the best runs
+        at side by side (:meth:`side_by_side_ms`), or its one lone timing before its first
+        comparison.  Not its score: a score is the product of the side-by-side gains that
+        made it the best, and drifts from what the plan runs at.  One that fell below every
+        timing stopped the comparisons (a mobilenet_block job's first comparison scored the
+        default plan 0.156 ms while it ran 0.25 ms, and the job made no other comparison in
+        its 10 minutes, NOTES 32); one that stood above them compared nearly every candidate
+        (a gemm_bn job's score stood at 4.03 ms for a plan that ran 2.62 ms side by side, and
+        298 of its 411 candidates were compared, none of them faster, NOTES 56).  A candidate
+        that is not compared is scored on the score's scale instead (:meth:`run`)."""
+        side = self.side_by_side_ms()
+        return side if side is not None else self.best_ms
 
     def run(self, runner: IsolatedRunner, task: dict[str, Any], plan_hash: str, cap_s: float,
             hand_picked: bool = False) -> dict[str, Any]:
@@ -531,8 +544,22 @@ class CandidateLog:
         if (res["status"] == OK and below is not None and self.best_plan is not None
                 and plan_hash != self.best_hash and res["median_ms"] < below):
             self.confirm(runner, task, res, cap_s)
+        elif res["status"] == OK:
+            self._scale_to_score(res)
         self.record(plan_hash, res, res["seconds"], task.get("plan"))
         return res
+
+    def _scale_to_score(self, res: dict[str, Any]) -> None:
+        """Score a candidate timed alone at or above the best's side-by-side time, and so not
+        compared, on the scale of the best's score: ``value_ms = score * median /
+        side-by-side time``, at least the score.  Compared candidates are scored on that
+        scale (:meth:`confirm`); one scored by its lone median where the score stood above
+        what the best runs at would read faster than the best, and become it, untested."""
+        side = self.side_by_side_ms()
+        if side is None or self.best_ms is None or res["median_ms"] < side:
+            return  # no side-by-side time yet, or it could not be compared: its own median counts
+        res["value_ms"] = self.best_ms * res["median_ms"] / side
+        res["scaled"] = {"best_side_by_side_ms": side, "best_ms": self.best_ms}
 
     def confirm(self, runner: IsolatedRunner, task: dict[str, Any], res: dict[str, Any], cap_s: float) -> None:
         """Time a candidate that beat the best once against the best plan, interleaved for

@@ -65,3 +65,37 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path):
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{{{")
     assert_clean_error(cli("run", "ew_chain", "--tiny", "--plan", str(garbage)), 2, "not valid json")
+
+
+def test_the_tune_progress_line_shows_what_the_best_runs_at_side_by_side_beside_its_score():
+    """On a noisy host a score can stand far from what its plan runs at (2.93 ms for a plan
+    the final timed at 7.06, NOTES 56): the progress line says both."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from autofuse.cli import _tune_progress, best_text
+    from autofuse.runner import OK
+
+    assert best_text(None, None) == "-" and best_text(4.03, None) == "4.0300 ms"
+    assert best_text(4.03, 4.031) == "4.0300 ms"  # the same to half a percent: said once
+    study = optuna.create_study()
+
+    def trial(h, value, confirm=None):
+        t = study.ask()
+        for k, v in {"plan": f"plan {h}", "plan_hash": h, "status": OK, "seconds": 0.5, "confirm": confirm}.items():
+            if v is not None:
+                t.set_user_attr(k, v)
+        study.tell(t, value)
+
+    progress = _tune_progress(SimpleNamespace(trials=10, space="gemm_bn"), 0)
+    with progress as update:
+        trial("a", 4.0)
+        update(study)
+        fields = progress.progress.tasks[0].fields
+        assert fields["best"] == "4.0000 ms"  # no comparison yet: its one timing
+        trial("b", 3.6, {"vs": "a", "candidate_ms": 3.6, "incumbent_ms": 4.0, "faster": True})
+        trial("c", 3.7, {"vs": "b", "candidate_ms": 2.7, "incumbent_ms": 2.6, "faster": False})
+        trial("d", 3.7, {"vs": "b", "candidate_ms": 2.7, "incumbent_ms": 2.6, "faster": False})
+        update(study)
+        assert progress.progress.tasks[0].fields["best"] == "3.6000 ms (runs 2.6000 side by side)"

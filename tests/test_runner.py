@@ -309,6 +309,39 @@ def test_a_candidate_is_compared_when_timed_below_the_best_plans_timed_median_ev
     assert log.best_hash == "c" and log.compare_below_ms() == 0.21
     d = log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)
     assert "confirm" not in d and len(runner.calls) == 8 and log.best_hash == "c"
+    assert value_of(d) == pytest.approx(log.best_ms * 0.23 / 0.21)  # on the score's scale, above it
+
+
+def test_a_score_above_what_the_best_runs_side_by_side_does_not_gate_the_comparisons():
+    """A gemm_bn job's score stood at 4.03 ms for a plan that ran 2.62 ms side by side, and
+    298 of its 411 candidates, timed alone below the score, were compared; none was faster
+    (NOTES 56).  The gate is what the best runs at side by side; a candidate above it is not
+    compared, and is scored on the score's scale, so it cannot read faster than the best."""
+    from autofuse.job import _confirm_text
+
+    runner = FakeRunner([{"status": OK, "median_ms": 4.0},
+                         {"status": OK, "median_ms": 3.0}, *_won(3.6, 4.0),  # b wins on a slow host: scored 3.6
+                         *[x for _ in range(2)  # the host speeds up: two ties, the best at 2.6 side by side
+                           for x in ({"status": OK, "median_ms": 2.5}, _cmp(2.7, 2.6))],
+                         {"status": OK, "median_ms": 2.9},  # below the score, above the best's time: not compared
+                         {"status": OK, "median_ms": 2.9}, _cmp(2.7, 2.6),  # a seed there is compared (wider gate)
+                         {"status": OK, "median_ms": 2.5}, *_won(2.34, 2.6)])  # below it: compared, and faster
+    log = CandidateLog()
+    for h in "abcd":
+        log.run(runner, _task(plan=f'{{"p":"{h}"}}'), h, 20.0)
+    assert (log.best_hash, log.best_ms, log.best_timings) == ("b", pytest.approx(3.6), [3.6, 2.6, 2.6])
+    assert log.side_by_side_ms() == log.compare_below_ms() == 2.6
+    e = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0)
+    assert "confirm" not in e and len(runner.calls) == 9 and log.best_hash == "b"
+    assert e["median_ms"] == 2.9 and value_of(e) == pytest.approx(3.6 * 2.9 / 2.6)
+    assert _confirm_text(e) == ("; not compared (the best runs 2.6000 ms side by side), "
+                                "scored 4.0154 ms on the scale of its 3.6000")
+    assert value_of(log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0)) == value_of(e)  # a repeat keeps its score
+    seed = log.run(runner, _task(plan='{"p":"s"}'), "s", 20.0, hand_picked=True)
+    assert not seed["confirm"]["faster"] and "scaled" not in seed and value_of(seed) == pytest.approx(3.6 * 2.7 / 2.6)
+    f = log.run(runner, _task(plan='{"p":"f"}'), "f", 20.0)
+    assert f["confirm"]["faster"] and log.best_hash == "f" and value_of(f) == pytest.approx(3.6 * 2.34 / 2.6)
+    assert not runner.results
 
 
 def test_one_lucky_timing_of_the_best_does_not_stop_the_comparisons():
