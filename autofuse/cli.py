@@ -353,10 +353,9 @@ class _tune_progress:
                 if t.number not in seen:
                     seen.add(t.number)
                     log.add_trial(t)
-            ok = [t.value for t in done if t.state == optuna.trial.TrialState.COMPLETE]
             rate = (len(done) - self.before) / max(1e-9, time.time() - self.t0)
             self.progress.update(self.task, completed=len(done), rate=f"{rate:.2f} trials/s",
-                                 best=best_text(min(ok) if ok else None, log.side_by_side_ms()))
+                                 best=best_text(log.best_ms, log.side_by_side_ms()))
 
         return update
 
