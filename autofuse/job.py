@@ -34,7 +34,7 @@ from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
 from autofuse.cost_model import mark_prescreened, prescreen
 from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner, interleaved, value_of
-from autofuse.search import PlanSpace, make_sampler, mutation_for
+from autofuse.search import PlanSpace, make_sampler, mutation_for, side_by_side_ratio
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target, vector_unit
 from autofuse.workload import REFERENCE_PLANS, get_workload
@@ -460,7 +460,9 @@ def run_job(cfg: JobConfig, progress_factory: Any = None) -> JobResult:
 
 def final_candidates(complete: list[optuna.trial.FrozenTrial], top_k: int) -> dict[str, tuple[str, str]]:
     """plan hash -> (plan JSON, label) of the plans a job re-measures at its end: the
-    ``top_k`` best-scored plans (whatever found them: sampler, seed, mutation), the last
+    ``top_k`` best-scored plans (whatever found them: sampler, seed, mutation; among plans
+    tied with one score, those that ran fastest side by side with the incumbent, as
+    ``parent_of`` takes them), the last
     ``top_k`` plans that won their side-by-side comparison with the best (the incumbents:
     one win in a slow stretch can score a slower plan below every earlier best and push
     them out of the top k; mobilenet_block's 3-minute final lost its fastest plan so,
@@ -471,7 +473,7 @@ def final_candidates(complete: list[optuna.trial.FrozenTrial], top_k: int) -> di
     def take(t: optuna.trial.FrozenTrial) -> None:
         chosen.setdefault(t.user_attrs["plan_hash"], (t.user_attrs["plan"], t.user_attrs.get("label", "tuned")))
 
-    ranked = [t for t in sorted(complete, key=lambda t: t.value)
+    ranked = [t for t in sorted(complete, key=lambda t: (t.value, side_by_side_ratio(t)))
               if t.user_attrs.get("plan_hash") and t.user_attrs.get("label") not in REFERENCE_PLANS]
     for t in ranked:
         if len(chosen) == top_k:

@@ -432,6 +432,36 @@ def test_the_final_remeasurement_takes_the_top_k_plans_whatever_found_them_and_t
     assert chosen["d"] == ("plan d", "default") and chosen["m1"] == ("plan m1", "mutation")
 
 
+def test_the_final_remeasurement_takes_the_tied_plans_that_ran_fastest_side_by_side():
+    """A tie is scored exactly the incumbent's value, so dozens of plans share the best
+    score; the final takes those that ran fastest beside the incumbent, not the first found.
+    In a 10-minute attention job the 3-minute final took the first two ties, one of them
+    timed 1.38x the incumbent's recent time, while a tie timed at 0.82x (found later, still
+    within the 3 minutes) ran 5% faster than the plan it returned (NOTES 58)."""
+    from autofuse.job import final_candidates
+
+    def trial(number, h, value, confirm=None):
+        attrs = {"plan_hash": h, "plan": f"plan {h}", "label": "mutation"}
+        if confirm is not None:
+            attrs["confirm"] = confirm
+        t = optuna.trial.create_trial(value=value, user_attrs=attrs)
+        t.number = number
+        return t
+
+    def tie(cand, inc, **more):
+        return {"faster": False, "candidate_ms": cand, "incumbent_ms": inc, **more}
+
+    complete = [trial(0, "best", 0.40, {"faster": True, "candidate_ms": 0.40, "incumbent_ms": 0.5}),
+                trial(1, "first-tie", 0.40, tie(0.41, 0.40)),
+                trial(2, "disturbed", 0.40, tie(0.37, 0.38, disturbed=True, recent_ms=0.27)),
+                trial(3, "slower", 0.45), trial(4, "fast-tie", 0.40, tie(0.33, 0.40)),
+                trial(5, "near-tie", 0.40, tie(0.38, 0.40))]
+    # the ties timed faster than the incumbent, then the incumbent (its own ratio is 1);
+    # not the first tie, nor the one timed far above the incumbent's recent time
+    assert list(final_candidates(complete, top_k=3)) == ["fast-tie", "near-tie", "best"]
+    assert list(final_candidates(complete, top_k=2)) == ["fast-tie", "near-tie", "best"]  # best: an incumbent
+
+
 def test_the_final_remeasurement_also_takes_the_last_incumbents_whatever_their_scores():
     """A plan that won its side-by-side comparison in a slow stretch is scored below every
     earlier best; the earlier bests it displaced still run in the final (NOTES 44)."""
