@@ -462,12 +462,11 @@ def final_candidates(complete: list[optuna.trial.FrozenTrial], top_k: int) -> di
     """plan hash -> (plan JSON, label) of the plans a job re-measures at its end: the
     ``top_k`` best-scored plans (whatever found them: sampler, seed, mutation; among plans
     tied with one score, those that ran fastest side by side with the incumbent, as
-    ``parent_of`` takes them), the last
-    ``top_k`` plans that won their side-by-side comparison with the best (the incumbents:
-    one win in a slow stretch can score a slower plan below every earlier best and push
-    them out of the top k; mobilenet_block's 3-minute final lost its fastest plan so,
-    NOTES 44), and the references, whatever their rank (and named so if the search
-    re-found them)."""
+    ``parent_of`` takes them), the last ``top_k`` plans that won their side-by-side
+    comparison with the best (the incumbents: one win in a slow stretch can score a slower
+    plan below every earlier best and push them out of the top k; mobilenet_block's
+    3-minute final lost its fastest plan so, NOTES 44), and the references, whatever their
+    rank (and named so if the search re-found them)."""
     chosen: dict[str, tuple[str, str]] = {}
 
     def take(t: optuna.trial.FrozenTrial) -> None:

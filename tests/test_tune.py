@@ -432,6 +432,16 @@ def test_the_final_remeasurement_takes_the_top_k_plans_whatever_found_them_and_t
     assert chosen["d"] == ("plan d", "default") and chosen["m1"] == ("plan m1", "mutation")
 
 
+def _final_trial(number: int, h: str, value: float, confirm: dict | None = None) -> optuna.trial.FrozenTrial:
+    """A completed mutation trial as ``final_candidates`` reads it (with its comparison, if any)."""
+    attrs = {"plan_hash": h, "plan": f"plan {h}", "label": "mutation"}
+    if confirm is not None:
+        attrs["confirm"] = confirm
+    t = optuna.trial.create_trial(value=value, user_attrs=attrs)
+    t.number = number
+    return t
+
+
 def test_the_final_remeasurement_takes_the_tied_plans_that_ran_fastest_side_by_side():
     """A tie is scored exactly the incumbent's value, so dozens of plans share the best
     score; the final takes those that ran fastest beside the incumbent, not the first found.
@@ -440,13 +450,7 @@ def test_the_final_remeasurement_takes_the_tied_plans_that_ran_fastest_side_by_s
     within the 3 minutes) ran 5% faster than the plan it returned (NOTES 58)."""
     from autofuse.job import final_candidates
 
-    def trial(number, h, value, confirm=None):
-        attrs = {"plan_hash": h, "plan": f"plan {h}", "label": "mutation"}
-        if confirm is not None:
-            attrs["confirm"] = confirm
-        t = optuna.trial.create_trial(value=value, user_attrs=attrs)
-        t.number = number
-        return t
+    trial = _final_trial
 
     def tie(cand, inc, **more):
         return {"faster": False, "candidate_ms": cand, "incumbent_ms": inc, **more}
@@ -468,12 +472,7 @@ def test_the_final_remeasurement_also_takes_the_last_incumbents_whatever_their_s
     from autofuse.job import final_candidates
 
     def trial(number, h, value, faster=None):
-        attrs = {"plan_hash": h, "plan": f"plan {h}", "label": "mutation"}
-        if faster is not None:
-            attrs["confirm"] = {"faster": faster}
-        t = optuna.trial.create_trial(value=value, user_attrs=attrs)
-        t.number = number
-        return t
+        return _final_trial(number, h, value, None if faster is None else {"faster": faster})
 
     complete = [trial(0, "d", 0.18), trial(1, "b1", 0.17, True), trial(2, "b2", 0.16, True),
                 trial(3, "b3", 0.15, True), trial(4, "lost", 0.16, False), trial(5, "slow", 0.12, True),
