@@ -13,17 +13,17 @@ from autofuse.search import LocalMutation
 TILES = [1, 2, 4, 8, 16, 32, 64]
 
 
+def _toy_objective(trial):
+    """A 'time' set by two knobs: small tiles and no vectorizing are slow."""
+    t = trial.suggest_categorical("F:op:t0", TILES)
+    v = trial.suggest_categorical("F:op:vector", [True, False])
+    trial.suggest_categorical("F:op:unroll", [0, 16, 64])  # irrelevant to the time
+    return 64.0 / t * (1.0 if v else 8.0)
+
+
 def _toy_study(n=40, seed=0):
-    """A study whose 'time' is set by two knobs: small tiles and no vectorizing are slow."""
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-
-    def objective(trial):
-        t = trial.suggest_categorical("F:op:t0", TILES)
-        v = trial.suggest_categorical("F:op:vector", [True, False])
-        trial.suggest_categorical("F:op:unroll", [0, 16, 64])  # irrelevant to the time
-        return 64.0 / t * (1.0 if v else 8.0)
-
-    study.optimize(objective, n_trials=n)
+    study.optimize(_toy_objective, n_trials=n)
     return study
 
 
@@ -134,6 +134,41 @@ def test_mutation_queues_the_neighbour_the_model_predicts_fastest():
               if p not in measured]
     predicted = sorted(model.predict_ms(others))
     assert queued.user_attrs["predicted_ms"] <= predicted[len(predicted) // 2]  # not a random pick
+
+
+def test_a_sweep_queues_the_unmeasured_one_knob_neighbours_in_the_models_order():
+    """A sweep's pool is every one-knob neighbour of the parent not measured yet, and the
+    model takes the one it predicts fastest; queued one after another, sweeps measure the
+    whole neighbourhood, and only then does the mutation draw from farther away again."""
+    from autofuse.search import parent_of
+
+    study = _toy_study(n=cost_model.MIN_TRIALS + 2)
+    mutation = LocalMutation(rate=1.0, seed=1)
+    draws = iter([0.0, 0.0, 0.99] * 40)  # past the rate, into a sweep, past the exploration draw
+    mutation.rng.random = lambda: next(draws)
+    swept = 0
+    for _ in range(40):
+        trials = study.get_trials()
+        parent = parent_of(trials)
+        measured = [t.params for t in trials]
+        one_knob = [{**parent.params, k: c} for k, d in parent.distributions.items() for c in d.choices
+                    if c != parent.params[k]]
+        unmeasured = [p for p in one_knob if p not in measured]
+        mutation(study, None)
+        (queued,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+        params = queued.system_attrs["fixed_params"]
+        if not unmeasured:  # the neighbourhood is spent: a drawn mutation, one or two knobs away
+            assert "sweep" not in queued.user_attrs
+            assert params not in measured and params not in one_knob
+            break
+        assert queued.user_attrs["sweep"] and params in unmeasured
+        model = mutation.model_for(study)
+        assert queued.user_attrs["predicted_ms"] == pytest.approx(min(model.predict_ms(unmeasured)), rel=1e-4)
+        swept += 1
+        study.optimize(_toy_objective, n_trials=1)
+    else:
+        pytest.fail("the sweep never spent the neighbourhood")
+    assert swept >= 3
 
 
 def test_random_search_and_use_model_false_have_no_model():
