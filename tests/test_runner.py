@@ -6,7 +6,8 @@ import sqlite3
 import optuna
 import pytest
 
-from autofuse.runner import (CONFIRM_ROUNDS, DISTURBED_FACTOR, HAND_PICKED_GATE, OK, RECENT_TIMINGS, TIMEOUT, CandidateLog, IsolatedRunner, run_task,
+from autofuse.runner import (CONFIRM_ROUNDS, DISTURBED_FACTOR, HAND_PICKED_GATE, OK, RECENT_TIMINGS, STALE_AFTER, STALE_GATE, TIMEOUT,
+                             CandidateLog, IsolatedRunner, run_task,
                              value_of)
 from autofuse.target import parse_target
 from autofuse.workload import get_workload
@@ -195,6 +196,37 @@ def test_a_hand_picked_plan_timed_alone_a_little_above_the_best_is_compared_side
     assert log.best_hash == "d" and value_of(seed) == pytest.approx(1.5 * 1.2 / 1.5)
     far = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0, hand_picked=True)
     assert "confirm" not in far and log.best_hash == "d" and len(runner.calls) == 9
+
+
+def test_a_gate_that_no_candidate_passes_for_a_while_is_retimed_beside_one_of_them():
+    """An attention job's best ran 0.26 ms beside a candidate in a quiet moment, then
+    0.26-0.43 ms; the gate stood at 0.269 ms and none of the 530 candidates of the job's last
+    8 minutes timed alone below it, so none was compared (NOTES 59).  After STALE_AFTER
+    candidates with no comparison, one timed alone within STALE_GATE of the gate is
+    compared, and the best's time beside it moves the gate."""
+    slow = 0.9  # what a plan as fast as the best times alone on the busier machine
+    runner = FakeRunner([{"status": OK, "median_ms": 1.0},  # a: the first best
+                         {"status": OK, "median_ms": 0.95}, _cmp(0.95, 0.80),  # b: a tie, beside a quiet best
+                         *[{"status": OK, "median_ms": slow}] * STALE_AFTER,  # not compared: above the gate
+                         {"status": OK, "median_ms": 0.80 * STALE_GATE * 1.01},  # stale, but past STALE_GATE
+                         {"status": OK, "median_ms": slow}, _cmp(0.91, 0.92),  # stale: compared, a tie
+                         {"status": OK, "median_ms": 0.91}, *_won(0.80, 0.92)])  # below the moved gate: a win
+    log = CandidateLog()
+    log.run(runner, _task(plan='{"p":"a"}'), "a", 20.0)
+    log.run(runner, _task(plan='{"p":"b"}'), "b", 20.0)
+    assert log.compare_below_ms() == 0.80 and log.uncompared == 0
+    for i in range(STALE_AFTER):
+        assert "confirm" not in log.run(runner, _task(plan=f'{{"p":"c{i}"}}'), f"c{i}", 20.0)
+    assert log.uncompared == STALE_AFTER
+    assert "confirm" not in log.run(runner, _task(plan='{"p":"d"}'), "d", 20.0)
+    tie = log.run(runner, _task(plan='{"p":"e"}'), "e", 20.0)
+    assert runner.calls[-1][0]["compare_with"] == '{"p":"a"}' and not tie["confirm"]["faster"]
+    assert log.compare_below_ms() == 0.92 and log.uncompared == 0
+    won = log.run(runner, _task(plan='{"p":"f"}'), "f", 20.0)
+    assert won["confirm"]["faster"] and log.best_hash == "f" and not runner.results
+    rebuilt = _log_of_trials([("a", 1.0, None), ("b", 1.0, {"vs": "a", "candidate_ms": 0.95, "incumbent_ms": 0.80}),
+                              ("c", 1.1, None), ("d", 1.1, None)])
+    assert rebuilt.uncompared == 2  # a resumed job counts on
 
 
 def test_a_seed_timed_alone_at_twice_the_best_is_still_compared():
