@@ -535,7 +535,7 @@ class CandidateLog:
         The gate moves only when the best is timed beside a candidate, so when the machine
         slows after a quiet comparison, no candidate may time alone below it again: an
         attention job's gate stood at 0.269 ms from its 129th second, where the best ran
-        0.26-0.43 ms side by side, and it compared none of the 530 candidates of its last 8
+        0.26-0.46 ms side by side, and it compared none of the 530 candidates of its last 8
         minutes (NOTES 59).  So after ``STALE_AFTER`` candidates with no comparison, one timed
         alone below ``STALE_GATE`` times the gate is compared, and the best's time beside it
         moves the gate to what the machine runs now."""

@@ -200,7 +200,7 @@ def test_a_hand_picked_plan_timed_alone_a_little_above_the_best_is_compared_side
 
 def test_a_gate_that_no_candidate_passes_for_a_while_is_retimed_beside_one_of_them():
     """An attention job's best ran 0.26 ms beside a candidate in a quiet moment, then
-    0.26-0.43 ms; the gate stood at 0.269 ms and none of the 530 candidates of the job's last
+    0.26-0.46 ms; the gate stood at 0.269 ms and none of the 530 candidates of the job's last
     8 minutes timed alone below it, so none was compared (NOTES 59).  After STALE_AFTER
     candidates with no comparison, one timed alone within STALE_GATE of the gate is
     compared, and the best's time beside it moves the gate."""
