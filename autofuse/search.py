@@ -287,7 +287,7 @@ class LocalMutation:
     instead every one-knob neighbour of the best plan not measured yet, so the search walks
     the whole neighbourhood in the model's order rather than drawing from it at random: each
     of an attention job's ten-minute steps was one knob away from a measured plan, found
-    after 18-34 of its 134 one-knob neighbours had been drawn (NOTES 59)."""
+    after 2-34 of its 134 one-knob neighbours had been measured (NOTES 59)."""
 
     def __init__(self, rate: float = 0.5, seed: int | None = None, max_trials: int | None = None,
                  use_model: bool = True):
