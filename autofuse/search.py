@@ -326,13 +326,12 @@ class LocalMutation:
             return
         model = self.model_for(study)
         ready = model is not None and model.update(trials)
-        seen = [t.params for t in trials]
+        seen = {_key(t.params) for t in trials}
         space = self.spaces.get(study.study_name)
         pool: list[dict[str, Any]] = []
         sweep = ready and self.rng.random() < SWEEP
         if sweep:
-            measured = {_key(p) for p in seen}
-            pool = [p for p in self.neighbours(study.study_name, best, space) if _key(p) not in measured]
+            pool = [p for p in self.neighbours(study.study_name, best, space) if _key(p) not in seen]
             sweep = bool(pool)  # else the neighbourhood is spent: draw as below
         for _ in range(0 if pool else 2 * POOL_SIZE if ready else 8):  # a few tries for plans not measured yet
             params = self.mutate(best.params, best.distributions)
@@ -340,7 +339,7 @@ class LocalMutation:
                 return
             if space is not None:
                 params = space.complete(params)
-            if params not in seen and params not in pool:
+            if _key(params) not in seen and params not in pool:
                 pool.append(params)
                 if not ready or len(pool) == POOL_SIZE:
                     break
