@@ -83,7 +83,7 @@ def _built(w: Workload, plan: Plan, target: Target, keep: bool) -> Any:
     if key in _RECENT_BUILDS:
         _RECENT_BUILDS.move_to_end(key)
         return _RECENT_BUILDS[key]
-    ex = build(w.graph(plan.fold_params), plan, target)
+    ex = build(w.graph(plan.fold_params), plan, target, reuse_kernels=True)
     if keep:
         _RECENT_BUILDS[key] = ex
         while len(_RECENT_BUILDS) > RECENT_BUILDS_KEPT:

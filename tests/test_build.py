@@ -486,3 +486,56 @@ def test_a_schedule_that_sums_over_a_parallel_loop_is_rejected(monkeypatch):
     plan = w.partition_plan(((0,),), True, "colsum", [{"epilogue_at": 0, "parallel": 1, "t0": 4}])
     with pytest.raises(ScheduleRejected, match="sum over a parallel loop"):
         schedule_module(w.graph(True), plan, LLVM)
+
+
+def _computes_reference(w, plan, ex) -> bool:
+    from autofuse.measure import Session
+
+    acts, expected = w.check_data()
+    return Session(ex, LLVM).check(w.runtime_inputs(plan.fold_params, acts), expected, w.space.rtol, w.space.atol)[0]
+
+
+def test_a_build_reuses_the_kernels_it_shares_with_an_earlier_one(monkeypatch):
+    """A tuning worker compiles each kernel once: a plan built again compiles nothing, a
+    plan with one group's knob changed compiles that group's kernel alone, linking leaves
+    the cached modules as they were, and every executable computes the reference."""
+    from collections import OrderedDict
+    from dataclasses import replace
+
+    from autofuse import build as af_build
+
+    monkeypatch.setattr(af_build, "_KERNELS", OrderedDict())
+    w = get_workload("attention", tiny=True)
+    g = w.graph(True)
+    plan = w.reference_plan("default")
+    first = build(g, plan, LLVM, reuse_kernels=True)
+    kernels = len(af_build._KERNELS)
+    assert kernels == len(plan.groups)
+    cached = [lib for _, lib in af_build._KERNELS.values()]
+
+    again = build(g, plan, LLVM, reuse_kernels=True)
+    assert len(af_build._KERNELS) == kernels
+
+    _, nest = group_anchor(g, tuple(sorted(g.index()[o] for o in plan.groups[-1])))
+    unroll = next(v for v in knob_space(nest)["unroll"] if v != knob_space(nest)["unroll"][0])
+    changed = replace(plan, schedules=plan.schedules[:-1] + ({"unroll": unroll},))
+    other = build(g, changed, LLVM, reuse_kernels=True)
+    assert len(af_build._KERNELS) == kernels + 1
+
+    assert all(len(lib.imports) == 0 for lib in cached)
+    for p, ex in ((plan, first), (plan, again), (changed, other)):
+        assert _computes_reference(w, p, ex)
+
+
+def test_the_kernel_cache_is_bounded_and_its_executables_outlive_it(monkeypatch):
+    from collections import OrderedDict
+
+    from autofuse import build as af_build
+
+    monkeypatch.setattr(af_build, "_KERNELS", OrderedDict())
+    monkeypatch.setattr(af_build, "KERNELS_KEPT", 1)
+    w = get_workload("layernorm_residual", tiny=True)
+    plan = w.reference_plan("unfused")
+    ex = build(w.graph(True), plan, LLVM, reuse_kernels=True)
+    assert len(plan.groups) > 1 and len(af_build._KERNELS) == 1
+    assert _computes_reference(w, plan, ex)

@@ -568,7 +568,7 @@ def test_plans_are_timed_in_rounds_that_alternate_their_order(monkeypatch):
     plans = [w.partition_plan(((0, 1, 2, 3),), True, f"p{t}", [{"t0": t}]) for t in (1, 2, 4)]
     plans += [w.reference_plan("unfused"), w.reference_plan("default")]
     built = []
-    monkeypatch.setattr(autofuse.build, "build", lambda g, plan, target: built.append(plan.hash) or plan.hash)
+    monkeypatch.setattr(autofuse.build, "build", lambda g, plan, target, reuse_kernels=False: built.append(plan.hash) or plan.hash)
     monkeypatch.setattr(runner_mod, "_RECENT_BUILDS", type(runner_mod._RECENT_BUILDS)())
     target = parse_target('{"kind": "llvm"}')
     for i in interleaved(len(plans), 3):
