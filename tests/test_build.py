@@ -517,7 +517,8 @@ def test_a_build_reuses_the_kernels_it_shares_with_an_earlier_one(monkeypatch):
     assert len(af_build._KERNELS) == kernels
 
     _, nest = group_anchor(g, tuple(sorted(g.index()[o] for o in plan.groups[-1])))
-    unroll = next(v for v in knob_space(nest)["unroll"] if v != knob_space(nest)["unroll"][0])
+    choices = knob_space(nest)["unroll"]
+    unroll = next(v for v in choices if v != choices[0])
     changed = replace(plan, schedules=plan.schedules[:-1] + ({"unroll": unroll},))
     other = build(g, changed, LLVM, reuse_kernels=True)
     assert len(af_build._KERNELS) == kernels + 1
