@@ -33,7 +33,7 @@ from autofuse.db import DEFAULT_URL, PlanDB, sqlite_file
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
 from autofuse.cost_model import mark_prescreened, prescreen
-from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner, interleaved, value_of
+from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner, round_numbers, value_of
 from autofuse.search import PlanSpace, make_sampler, mutation_for, side_by_side_ratio
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target, vector_unit
@@ -465,8 +465,11 @@ def final_candidates(complete: list[optuna.trial.FrozenTrial], top_k: int) -> di
     ``parent_of`` takes them), the last ``top_k`` plans that won their side-by-side
     comparison with the best (the incumbents: one win in a slow stretch can score a slower
     plan below every earlier best and push them out of the top k; mobilenet_block's
-    3-minute final lost its fastest plan so, NOTES 44), and the references, whatever their
-    rank (and named so if the search re-found them)."""
+    3-minute final lost its fastest plan so, NOTES 44), each of those incumbents' closest
+    tie (the plan that ran fastest beside it without winning: once a later win sets a new
+    score it falls out of the top k; mobilenet_block's 10-minute final lost its fastest
+    plan so, NOTES 61), and the references, whatever their rank (and named so if the
+    search re-found them)."""
     chosen: dict[str, tuple[str, str]] = {}
 
     def take(t: optuna.trial.FrozenTrial) -> None:
@@ -481,6 +484,10 @@ def final_candidates(complete: list[optuna.trial.FrozenTrial], top_k: int) -> di
     incumbents = [t for t in sorted(ranked, key=lambda t: t.number) if (t.user_attrs.get("confirm") or {}).get("faster")]
     for t in incumbents[-top_k:]:
         take(t)
+        ties = [u for u in ranked if (u.user_attrs.get("confirm") or {}).get("vs") == t.user_attrs["plan_hash"]
+                and side_by_side_ratio(u) < 1.0]
+        if ties:
+            take(min(ties, key=lambda u: (side_by_side_ratio(u), u.number)))
     for t in complete:
         label = t.user_attrs.get("label")
         if label in REFERENCE_PLANS:
@@ -542,6 +549,7 @@ class FinalTiming:
     runs: list[list[float]] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)  # the round of each run
     error: str | None = None
+    dropped: bool = False  # the final narrowed to closer plans and stopped timing this one (:func:`narrowed`)
 
     @property
     def samples(self) -> list[float]:
@@ -566,28 +574,88 @@ class FinalTiming:
             return None
         return math.sqrt(statistics.median(fast_runs) * statistics.median(slow_runs))
 
+    def ratio_to(self, other: FinalTiming) -> float | None:
+        """The median, over the rounds both were timed in, of this plan's run over the other's:
+        side by side in a round both ran at the host's level of that round, which cancels."""
+        theirs = dict(zip(other.rounds, other.run_medians))
+        ratios = [m / theirs[r] for r, m in zip(self.rounds, self.run_medians) if r in theirs]
+        return statistics.median(ratios) if ratios else None
 
-def final_levels(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming]) -> set[int] | None:
-    """The final's slow rounds (:func:`slow_rounds`) by its level marker, or None."""
+
+def level_marker(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming]) -> str | None:
+    """The plan whose runs tell the final's speed levels apart: the first of LEVEL_MARKERS
+    timed without error."""
     for label in LEVEL_MARKERS:
         for h, (_plan, lab) in chosen.items():
             if lab == label and timed[h].error is None and timed[h].runs:
-                return slow_rounds(timed[h].rounds, timed[h].run_medians)
+                return h
     return None
+
+
+def final_levels(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming]) -> set[int] | None:
+    """The final's slow rounds (:func:`slow_rounds`) by its level marker, or None."""
+    marker = level_marker(chosen, timed)
+    return None if marker is None else slow_rounds(timed[marker].rounds, timed[marker].run_medians)
 
 
 def final_rank_ms(timed: dict[str, FinalTiming], slow: set[int] | None) -> dict[str, float]:
     """What a final ranks its timed plans by (lower is better): where it saw both speed
     levels (``slow``: :func:`final_levels`), each plan's :meth:`FinalTiming.level_ms` (a
     plan 1.4x slower in one level loses, whichever level the final saw most of), else its
-    :func:`runs_p75`."""
+    :func:`runs_p75`.  A plan the final dropped early (:func:`narrowed`) is ranked at the
+    best kept plan's rank times its :meth:`FinalTiming.ratio_to` that plan (its few runs,
+    perhaps all in one level, are not comparable with the kept plans' own), and never ahead
+    of it: the final stopped timing it because it was behind."""
     out = {}
     for h, t in timed.items():
+        if t.dropped:
+            continue
         v = t.level_ms(slow) if slow is not None else None
         v = v if v is not None else t.p75
         if v is not None:
             out[h] = v
+    if out:
+        best = min(out, key=out.__getitem__)
+        for h, t in timed.items():
+            ratio = t.ratio_to(timed[best]) if t.dropped and t.error is None else None
+            if ratio is not None:
+                out[h] = out[best] * max(ratio, DROPPED_BEHIND)
     return out
+
+
+# A final narrows (NOTES 61): from round NARROW_AFTER on, before each round, it stops timing
+# the plans that lost to the leader in so many of their rounds side by side that two plans of
+# one speed would do so with a chance of DROP_P at most (all 3 of 3 rounds, 5 of 6, 7 of 9): a
+# sign test, which the host's level of each round does not move.  Its rounds then go to the
+# near-ties it has to tell apart (2-5% apart, while one plan's runs spread 10-40% on this host)
+# rather than to references and seeds far behind.
+NARROW_AFTER = 3
+DROP_P = 0.125
+DROPPED_BEHIND = 1.001  # a dropped plan ranks at least this far behind the best kept one
+
+
+def clearly_behind(t: FinalTiming, leader: FinalTiming) -> bool:
+    """Whether plan ``t`` lost to ``leader`` in at least NARROW_AFTER of the rounds both ran,
+    and in so many of them that plans of one speed would with a chance of DROP_P at most."""
+    theirs = dict(zip(leader.rounds, leader.run_medians))
+    pairs = [(m, theirs[r]) for r, m in zip(t.rounds, t.run_medians) if r in theirs]
+    won = sum(m < lm for m, lm in pairs)
+    chance = sum(math.comb(len(pairs), i) for i in range(won + 1)) / 2 ** len(pairs)
+    return len(pairs) >= NARROW_AFTER and chance <= DROP_P
+
+
+def narrowed(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming], active: list[str]) -> list[str]:
+    """The ``active`` plans a final goes on timing: all but those :func:`clearly_behind` the
+    leader (by rank so far), which are marked dropped; never the level marker."""
+    rank = final_rank_ms({h: timed[h] for h in active}, final_levels(chosen, timed))
+    if not rank:
+        return active
+    leader = min(rank, key=rank.__getitem__)
+    marker = level_marker(chosen, timed)
+    for h in active:
+        if h not in (leader, marker) and timed[h].error is None and clearly_behind(timed[h], timed[leader]):
+            timed[h].dropped = True
+    return [h for h in active if not timed[h].dropped]
 
 
 def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: float,
@@ -595,31 +663,34 @@ def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: floa
     """Time the ``chosen`` plans (hash -> (plan JSON, label)) in one worker, interleaved
     over at least ``final_rounds`` rounds and ``seconds`` (whole rounds), and on, up to
     ``wait_s`` in all, while it has not seen both speed levels (:func:`final_levels`).
+    From NARROW_AFTER rounds on, plans clearly behind the leader are dropped (:func:`narrowed`).
     A plan that fails once is not timed again; a stop (Ctrl-C) ends it at once, keeping
     the runs made."""
     target = cfg.target_obj()
     timed = {h: FinalTiming() for h in chosen}
     timing = asdict(cfg.final_timing)
     with IsolatedRunner(cfg.candidate_timeout_s, cfg.mem_limit_mb) as runner:
-        hashes = list(chosen)
+        active = list(chosen)
         start = time.perf_counter()
 
         def waiting() -> bool:
             return time.perf_counter() < start + wait_s and final_levels(chosen, timed) is None
 
-        for k, i in enumerate(interleaved(len(hashes), cfg.final_rounds, until=start + seconds, more=waiting)):
-            if all(t.error for t in timed.values()) or (stop is not None and stop.requested):
-                break
-            h = hashes[i]
-            if timed[h].error:
-                continue
-            res = runner.run({"space": cfg.space, "tiny": cfg.tiny, "plan": chosen[h][0], "target": target.spec_json,
-                              "timing": timing})
-            if res["status"] == OK:
-                timed[h].runs.append(list(res["samples_ms"]))
-                timed[h].rounds.append(k // len(hashes))
-            else:
-                timed[h].error = f"{res['status']}: {res.get('error', '')}"
+        for k in round_numbers(cfg.final_rounds, until=start + seconds, more=waiting):
+            if k >= NARROW_AFTER:
+                active = narrowed(chosen, timed, active)
+            for h in active if k % 2 == 0 else reversed(active):  # A B C, then C B A (runner.interleaved)
+                if all(t.error for t in timed.values()) or (stop is not None and stop.requested):
+                    return timed
+                if timed[h].error:
+                    continue
+                res = runner.run({"space": cfg.space, "tiny": cfg.tiny, "plan": chosen[h][0],
+                                  "target": target.spec_json, "timing": timing})
+                if res["status"] == OK:
+                    timed[h].runs.append(list(res["samples_ms"]))
+                    timed[h].rounds.append(k)
+                else:
+                    timed[h].error = f"{res['status']}: {res.get('error', '')}"
     return timed
 
 
@@ -667,6 +738,7 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
         out.append({"plan_hash": h, "label": label, "correct": ok, "median_ms": median_ms,
                     "rank_ms": rank_ms, "spread_ms": (max(s) - min(s)) if ok else None, "repeats": len(s),
                     "runs_ms": [round(x, 6) for x in timed[h].run_medians], "error": err,
+                    "dropped": timed[h].dropped,
                     "slow_runs": None if slow is None else sum(r in slow for r in timed[h].rounds)})
     db.close()
     out.sort(key=lambda r: (not r["correct"], r["rank_ms"] or 0.0))

@@ -70,9 +70,18 @@ def interleaved(n: int, rounds: int, until: float | None = None,
     machine's speed during the rounds does not favour the plans timed first.  With
     ``until`` (a ``clock()`` time), whole rounds go on after ``rounds`` until then, and
     with ``more``, while ``more()`` (asked before each further round) says so."""
+    for r in round_numbers(rounds, until, clock, more):
+        yield from (range(n) if r % 2 == 0 else range(n - 1, -1, -1))
+
+
+def round_numbers(rounds: int, until: float | None = None,
+                  clock: Callable[[], float] = time.perf_counter,
+                  more: Callable[[], bool] | None = None) -> Iterator[int]:
+    """0, 1, 2, ...: ``rounds`` of them, then on while ``clock()`` is before ``until`` or
+    ``more()`` says so (both asked before each further round)."""
     r = 0
     while r < rounds or (until is not None and clock() < until) or (more is not None and more()):
-        yield from (range(n) if r % 2 == 0 else range(n - 1, -1, -1))
+        yield r
         r += 1
 
 

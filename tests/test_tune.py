@@ -36,7 +36,9 @@ def test_tune_records_baselines_trials_and_final_measurements(tmp_path):
     assert out["best"]["median_ms"] > 0 and out["reference"]["unfused"] and out["reference"]["default"]
     assert {f["label"] for f in out["final"]} >= {"unfused", "default"}
     timed = [f for f in out["final"] if f["correct"]]
-    assert len({len(f["runs_ms"]) for f in timed}) == 1 and len(timed[0]["runs_ms"]) >= 8  # one per round
+    kept = [f for f in timed if not f["dropped"]]  # the plans a final went on timing (job.narrowed)
+    assert len({len(f["runs_ms"]) for f in kept}) == 1 and len(kept[0]["runs_ms"]) >= 8  # one per round
+    assert all(3 <= len(f["runs_ms"]) < len(kept[0]["runs_ms"]) for f in timed if f["dropped"])
     assert [f["rank_ms"] for f in timed] == sorted(f["rank_ms"] for f in timed)  # ranked by it
     assert out["best"]["plan_hash"] == timed[0]["plan_hash"]
     log = Path(out["log"])  # beside the database, not in a results/ folder of the working directory
@@ -579,7 +581,7 @@ class _ScriptedRunner:
     marker ("U") turns slow from ``slow_from`` runs on."""
 
     def __init__(self, slow_from: int | None):
-        self.slow_from, self.marker_runs = slow_from, 0
+        self.slow_from, self.marker_runs, self.runs = slow_from, 0, {}
 
     def __call__(self, *_a):
         return self
@@ -596,6 +598,10 @@ class _ScriptedRunner:
             self.marker_runs += 1
             slow = self.slow_from is not None and self.marker_runs > self.slow_from
             return {"status": "ok", "samples_ms": [0.6 if slow else 0.38]}
+        if payload["plan"][0].isdigit():  # "0.14,0.16": the plan's runs take these times in turn
+            times = payload["plan"].split(",")
+            self.runs[payload["plan"]] = self.runs.get(payload["plan"], -1) + 1
+            return {"status": "ok", "samples_ms": [float(times[self.runs[payload["plan"]] % len(times)])]}
         return {"status": "ok", "samples_ms": [0.15]}
 
 
@@ -620,6 +626,47 @@ def test_a_final_waits_for_the_other_speed_level_but_not_past_its_limit(monkeypa
     t0 = time.perf_counter()
     time_final(cfg, chosen, seconds=0.05)  # no wait asked: the final's own seconds
     assert time.perf_counter() - t0 < 0.4
+
+
+def test_a_final_drops_the_plans_clearly_behind_the_leader(monkeypatch):
+    """From NARROW_AFTER rounds on, the final stops timing a plan that lost to the leader in
+    so many rounds side by side that plans of one speed would rarely (a sign test): its
+    rounds go to the near-ties it has to tell apart.  A plan that wins some rounds stays;
+    the level marker stays whatever its speed; the dropped plans keep their runs and rank
+    behind by their side-by-side ratio to the best kept plan."""
+    import autofuse.job as job
+    from autofuse.job import NARROW_AFTER, JobConfig, final_levels, final_rank_ms, time_final
+
+    assert NARROW_AFTER == 3
+    cfg = JobConfig(space="ew_chain", tiny=True, final_rounds=8, progress=False)
+    times = {"a": "0.150", "b": "0.140,0.170", "c": "0.149,0.152,0.152,0.152,0.152,0.152,0.152,0.152",
+             "far": "0.300", "farther": "0.450"}
+    chosen = {"u": ("U", "unfused"), "d": ("0.200", "default"), **{h: (t, "tuned") for h, t in times.items()}}
+    monkeypatch.setattr(job, "IsolatedRunner", _ScriptedRunner(slow_from=None))
+    timed = time_final(cfg, chosen, seconds=0.0)
+    every_round = list(range(8))
+    assert {h: timed[h].rounds for h in chosen} == {
+        "u": every_round, "a": every_round, "b": every_round,  # b won every other round
+        "c": list(range(6)),  # won 1 of 6: dropped before the seventh round
+        "d": [0, 1, 2], "far": [0, 1, 2], "farther": [0, 1, 2]}  # lost all 3
+    assert [h for h in chosen if timed[h].dropped] == ["d", "c", "far", "farther"]
+    rank = final_rank_ms(timed, final_levels(chosen, timed))
+    assert sorted(rank, key=rank.get) == ["a", "c", "b", "d", "far", "u", "farther"]
+    assert rank["far"] == pytest.approx(2 * rank["a"])
+
+
+def test_a_dropped_plan_ranks_by_its_runs_beside_the_best_kept_one():
+    """A plan dropped in the host's fast level has only fast runs; its 75th percentile would
+    beat a kept plan ranked over both levels though it ran 5% slower beside it."""
+    from autofuse.job import final_levels, final_rank_ms
+
+    level = [0.38] * 11 + [0.61] * 3
+    chosen, timed = _final_of(level, {"kept": [0.150] * 11 + [0.230] * 3, "dropped": [0.1575] * 3})
+    timed["dropped"].dropped = True
+    slow = final_levels(chosen, timed)
+    assert timed["dropped"].p75 < timed["kept"].level_ms(slow)  # not comparable: fast runs only
+    rank = final_rank_ms(timed, slow)
+    assert rank["dropped"] == pytest.approx(1.05 * rank["kept"])
 
 
 def test_the_final_remeasurement_lasts_a_share_of_the_job_and_a_stop_ends_it(tmp_path):
