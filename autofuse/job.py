@@ -574,11 +574,15 @@ class FinalTiming:
             return None
         return math.sqrt(statistics.median(fast_runs) * statistics.median(slow_runs))
 
-    def ratio_to(self, other: FinalTiming) -> float | None:
-        """The median, over the rounds both were timed in, of this plan's run over the other's:
-        side by side in a round both ran at the host's level of that round, which cancels."""
+    def beside(self, other: FinalTiming) -> list[tuple[float, float]]:
+        """(this plan's run, the other's) in each round both were timed in: side by side in a
+        round, both ran at the host's level of that round."""
         theirs = dict(zip(other.rounds, other.run_medians))
-        ratios = [m / theirs[r] for r, m in zip(self.rounds, self.run_medians) if r in theirs]
+        return [(m, theirs[r]) for r, m in zip(self.rounds, self.run_medians) if r in theirs]
+
+    def ratio_to(self, other: FinalTiming) -> float | None:
+        """The median of this plan's run over the other's in the rounds both ran (:meth:`beside`)."""
+        ratios = [m / theirs for m, theirs in self.beside(other)]
         return statistics.median(ratios) if ratios else None
 
 
@@ -637,8 +641,7 @@ DROPPED_BEHIND = 1.001  # a dropped plan ranks at least this far behind the best
 def clearly_behind(t: FinalTiming, leader: FinalTiming) -> bool:
     """Whether plan ``t`` lost to ``leader`` in at least NARROW_AFTER of the rounds both ran,
     and in so many of them that plans of one speed would with a chance of DROP_P at most."""
-    theirs = dict(zip(leader.rounds, leader.run_medians))
-    pairs = [(m, theirs[r]) for r, m in zip(t.rounds, t.run_medians) if r in theirs]
+    pairs = t.beside(leader)
     won = sum(m < lm for m, lm in pairs)
     chance = sum(math.comb(len(pairs), i) for i in range(won + 1)) / 2 ** len(pairs)
     return len(pairs) >= NARROW_AFTER and chance <= DROP_P
