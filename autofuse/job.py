@@ -549,7 +549,7 @@ class FinalTiming:
     runs: list[list[float]] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)  # the round of each run
     error: str | None = None
-    dropped: bool = False  # the final narrowed to closer plans and stopped timing this one (:func:`narrowed`)
+    dropped: bool = False  # the final stopped timing it, clearly behind the leader (:func:`narrowed`)
 
     @property
     def samples(self) -> list[float]:
@@ -621,7 +621,7 @@ def final_rank_ms(timed: dict[str, FinalTiming], slow: set[int] | None) -> dict[
     if out:
         best = min(out, key=out.__getitem__)
         for h, t in timed.items():
-            ratio = t.ratio_to(timed[best]) if t.dropped and t.error is None else None
+            ratio = t.ratio_to(timed[best]) if t.dropped else None  # narrowed drops only plans without errors
             if ratio is not None:
                 out[h] = out[best] * max(ratio, DROPPED_BEHIND)
     return out
