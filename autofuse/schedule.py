@@ -170,7 +170,8 @@ def default_knobs(nest: LoopNest) -> dict[str, Any]:
 
 
 SEED_TEMPLATES = ("registers", "inline", "wide", "tall", "packed", "wide-packed", "packed-unrolled",
-                  "packed-columns", "channels-vector", "winograd")
+                  "packed-columns", "channels-vector", "winograd", "coarse")
+COARSE_CHUNKS = 4  # chunks per thread that a "coarse" parallel loop must give at least
 
 
 def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = None) -> dict[str, Any]:
@@ -259,11 +260,47 @@ def _template(nest: LoopNest, template: str) -> dict[str, Any]:
         if _sums_input_channels(nest) and nest.spatial[1] % 8 == 0:
             return {"vector_axis": 1, "t1": _largest_divisor(nest.spatial[1], 16), "pack_weight": True}
         return {}
+    if template == "coarse":
+        return _coarse(nest, num_threads())
     if template == "winograd":
         if not (_sums_input_channels(nest) and nest.reduce[1:] == (3, 3)):
             return {}
         return {"winograd": 4, "wino_block": winograd_block(nest, 4, num_threads()), "wino_rows": 6, "wino_cols": 32}
     raise ValueError(f"unknown seed template {template!r}")
+
+
+def coarse_parallel(nest: LoopNest, threads: int) -> int:
+    """The fewest outer loops that give every thread ``COARSE_CHUNKS`` chunks of work (at the
+    default tiles), or the default's count where no fewer do."""
+    default = default_knobs(nest)
+    outer = [-(-ext // default[f"t{i}"]) for i, ext in enumerate(nest.spatial)]
+    for p in range(1, default["parallel"]):
+        if math.prod(outer[:p]) >= COARSE_CHUNKS * threads:
+            return p
+    return default["parallel"]
+
+
+def _coarse(nest: LoopNest, threads: int) -> dict[str, Any]:
+    """The ``coarse`` template, for a nest whose outermost loop (attention's heads) already
+    gives every thread several chunks: only that loop in parallel, so each thread keeps whole
+    slices (a head's keys and values) in its own cache and no index is split across threads;
+    a batched GEMM then takes the ``wide`` tile and steps its reduction 4 at a time, a
+    reduction-free kernel (softmax's normalization, whose row statistics are its producers)
+    takes two rows per tile, two independent chains of adds.  Every later plan of attention's
+    10-minute jobs on emeraldrapids had most of these; side by side, aaf2 (``wide``) with them
+    ran 5-9% faster than without (NOTES 62)."""
+    p = coarse_parallel(nest, threads)
+    if p >= default_knobs(nest)["parallel"]:
+        return {}
+    n = len(nest.spatial)
+    out: dict[str, Any] = {"parallel": p}
+    if nest.has_reduction:
+        out.update(_template(nest, "wide"))
+        if len(nest.reduce) == 1 and nest.reduce[0] % 4 == 0:
+            out["r0"] = 4
+    elif nest.spatial[n - 2] % 2 == 0:
+        out[f"t{n - 2}"] = 2
+    return out
 
 
 def winograd_block(nest: LoopNest, m: int, threads: int) -> int:
