@@ -195,7 +195,9 @@ def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = No
     (``vector_axis``), 16 at a time, with its weight packed to match; ``winograd`` computes a
     3x3 convolution as Winograd F(4x4, 3x3) in blocks of rows of tiles, one thread each
     (``winograd_block``), its GEMMs' register tile 6 x 32 (``fit_winograd_tile``; dropped
-    where the group's convolution cannot be: ``autofuse.winograd.eligible``); ``registers`` is the
+    where the group's convolution cannot be: ``autofuse.winograd.eligible``); ``coarse`` runs
+    only a batch-like outer loop in parallel where it alone feeds every thread (``_coarse``);
+    ``registers`` is the
     default schedule alone.  The tiles are sized for AVX-512; with ``vectors`` (the
     target's ``VectorUnit``) each register tile is shrunk to fit the target's registers,
     so ``registers`` differs from the default schedule only where that one does not fit

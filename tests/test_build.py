@@ -413,6 +413,44 @@ def test_register_tiles_on_avx2_and_avx512():
             assert seed_schedule(nest, template, avx512) == seed_schedule(nest, template)
 
 
+def test_coarse_seed_keeps_only_an_outer_loop_that_feeds_every_thread(monkeypatch):
+    """Attention's heads (12) give each of 2 threads 6 chunks: the ``coarse`` template runs them
+    alone in parallel, with the wide tile and the reduction 4 at a time for its batched GEMMs and
+    two rows per tile for its softmax; with 16 threads (12 < 4 x 16) it does not apply, nor on
+    a 2-D GEMM or an NCHW convolution (one loop in parallel already), nor on tiny shapes."""
+    from autofuse.schedule import coarse_parallel, seed_schedule
+
+    scores, softmax = LoopNest((12, 128, 128), (64,)), LoopNest((12, 128, 128), ())
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+    assert coarse_parallel(scores, 2) == 1 and coarse_parallel(scores, 16) == 2
+    assert seed_schedule(scores, "coarse") == {"parallel": 1, "t2": 32, "r0": 4}
+    assert seed_schedule(LoopNest((12, 128, 64), (128,)), "coarse") == {"parallel": 1, "t2": 32, "r0": 4}
+    assert seed_schedule(softmax, "coarse") == {"parallel": 1, "t1": 2}
+    assert seed_schedule(LoopNest((12, 128, 48), (6,)), "coarse") == {"parallel": 1}  # 48 columns: not wide; 6 steps
+    for nest in (GEMM, CONV, LoopNest((2, 16, 16), (8,))):
+        assert seed_schedule(nest, "coarse") == {}
+    monkeypatch.setenv("TVM_NUM_THREADS", "16")
+    assert seed_schedule(scores, "coarse") == {} and seed_schedule(softmax, "coarse") == {}
+
+
+def test_coarse_seed_of_attention_builds_and_computes_the_reference(monkeypatch):
+    """The full-size attention space (the tiny one has 2 heads: no template applies) seeds its
+    coarse plans on 2 threads, and the one with fast math runs correctly."""
+    import optuna
+
+    from autofuse.search import PlanSpace
+
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+    w = get_workload("attention", tiny=False)
+    ps = PlanSpace(w)
+    seeds = {label: params for params, label in ps.seed_trials(None, VectorUnit(16, 32))}
+    assert {"seed:coarse", "seed:coarse:fast_math"} <= set(seeds)
+    plan = ps.suggest(optuna.trial.FixedTrial(seeds["seed:coarse:fast_math"]))[0]
+    assert plan.fast_math and {s.get("parallel") for s in plan.schedules} == {1}
+    res = evaluate_plan(w, plan, LLVM, QUICK)
+    assert res["status"] == OK and res["correct"], res
+
+
 @pytest.mark.parametrize("space", ["gemm_bn", "conv_bn_relu"])
 def test_seeds_fitted_to_a_small_register_file_build_and_compute_the_reference(space):
     """SSE's 16 registers of 4 floats (32 accumulator floats): even the tiny shapes' tiles are cut."""
