@@ -59,6 +59,9 @@ class AutofuseGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
     """Search fusion partitions and kernel schedules for the fastest plan on your hardware."""
+    from autofuse.measure import steady_allocations
+
+    steady_allocations()  # bench and run time plans in this process too
     ctx.obj = {"debug": debug}
 
 

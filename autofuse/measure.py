@@ -8,6 +8,7 @@ correct result is timed; a wrong one is reported as wrong.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import statistics
 import time
@@ -19,6 +20,28 @@ import tvm
 from tvm import relax
 
 from autofuse.target import Target
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial threshold, kept from then on
+
+
+def steady_allocations() -> bool:
+    """Keep glibc serving every large buffer (weights, activations, intermediates) from fresh
+    pages, as it does in a new process.  glibc raises its mmap threshold each time a large
+    block is freed, up to 32 MiB, so a process that has built and freed a few dozen plans
+    serves them from its fragmented heap instead: there gemm_bn's plans ran 1.6-1.9x slower
+    than the same plans built early in the process, and a tuning worker's side-by-side
+    comparisons measured the age of each build, not the plan (a chain of ten "wins" that
+    ended 1.34x slower than where it began, results/NOTES.md 62).  Setting the threshold
+    turns that adjustment off.  Every process that times plans calls this first.  Returns
+    whether it could (False where the C library has no ``mallopt``: not glibc)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
 @dataclass(frozen=True)

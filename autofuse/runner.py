@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofuse.measure import Measurement, Session, TimingConfig, measure
+from autofuse.measure import Measurement, Session, TimingConfig, measure, steady_allocations
 from autofuse.plan import Plan, PlanError
 from autofuse.target import Target, parse_target
 from autofuse.workload import Workload, get_workload
@@ -85,11 +85,13 @@ def round_numbers(rounds: int, until: float | None = None,
         r += 1
 
 
-def _built(w: Workload, plan: Plan, target: Target, keep: bool) -> Any:
+def _built(w: Workload, plan: Plan, target: Target, keep: bool, fresh: bool = False) -> Any:
+    """The plan's executable: one of the last ``RECENT_BUILDS_KEPT`` built here, unless
+    ``fresh``; ``keep`` it for the next call."""
     from autofuse.build import build
 
     key = (w.hash, plan.hash, target.spec_json)
-    if key in _RECENT_BUILDS:
+    if key in _RECENT_BUILDS and not fresh:
         _RECENT_BUILDS.move_to_end(key)
         return _RECENT_BUILDS[key]
     ex = build(w.graph(plan.fold_params), plan, target, reuse_kernels=True)
@@ -118,10 +120,15 @@ def compare_plans(w: Workload, plans: list[Plan], target: Target, cfg: TimingCon
 
     On a shared machine a memory-bound kernel's time drifts from minute to minute by more
     than good plans differ; timed side by side within a second or two, the plans share the
-    drift, so the ratio of their medians says which is faster where one timing cannot."""
+    drift, so the ratio of their medians says which is faster where one timing cannot.
+    Each comparison builds its plans anew (their kernels are compiled already: 30-60 ms of
+    linking).  Where a build's buffers land in memory moves its time by up to 1.4x for as
+    long as it lives (one gemm_bn build in six, results/NOTES.md 62): an incumbent kept
+    from comparison to comparison that landed badly loses to every candidate, and a win's
+    replicate would meet the same two builds again."""
     for plan in plans:
         w.check_plan(plan)
-    built = [_built(w, p, target, keep=True) for p in plans]
+    built = [_built(w, p, target, keep=True, fresh=True) for p in plans]
     acts, expected = w.check_data()
     samples: list[list[float]] = [[] for _ in plans]
     by_round: list[list[float]] = [[] for _ in plans]
@@ -289,6 +296,7 @@ def _corrupt_output_kernel(mod: Any) -> Any:
 
 def _worker_main(conn: Any, mem_limit_mb: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    steady_allocations()  # a long-lived worker would time its later builds slower (NOTES 62)
     if mem_limit_mb:
         import resource
 
