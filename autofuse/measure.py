@@ -32,8 +32,8 @@ def steady_allocations() -> bool:
     block is freed, up to 32 MiB, so a process that has built and freed a few dozen plans
     serves them from its fragmented heap instead: there gemm_bn's plans ran 1.6-1.9x slower
     than the same plans built early in the process, and a tuning worker's side-by-side
-    comparisons measured the age of each build, not the plan (a chain of ten "wins" that
-    ended 1.34x slower than where it began, results/NOTES.md 62).  Setting the threshold
+    comparisons measured the age of each build, not the plan (nine "wins" in a row that
+    ended 1.34x slower than where they began, results/NOTES.md 62).  Setting the threshold
     turns that adjustment off.  Every process that times plans calls this first.  Returns
     whether it could (False where the C library has no ``mallopt``: not glibc)."""
     try:
