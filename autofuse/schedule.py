@@ -197,9 +197,9 @@ def seed_schedule(nest: LoopNest, template: str, vectors: VectorUnit | None = No
     (``winograd_block``), its GEMMs' register tile 6 x 32 (``fit_winograd_tile``; dropped
     where the group's convolution cannot be: ``autofuse.winograd.eligible``); ``coarse`` runs
     only a batch-like outer loop in parallel where it alone feeds every thread (``_coarse``);
-    ``registers`` is the default schedule alone.  The tiles are sized for AVX-512; with ``vectors`` (the
-    target's ``VectorUnit``) each register tile is shrunk to fit the target's registers,
-    so ``registers`` differs from the default schedule only where that one does not fit
+    ``registers`` is the default schedule alone.  The tiles are sized for AVX-512; with
+    ``vectors`` (the target's ``VectorUnit``) each register tile is shrunk to fit the
+    target's registers, so ``registers`` differs from the default schedule only where that one does not fit
     (AVX2: its 8 x 16 GEMM tile needs 19 of the 16 ymm registers, and spills)."""
     overrides = _template(nest, template)
     if vectors is None or (template != "registers" and not overrides):
