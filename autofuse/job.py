@@ -667,6 +667,10 @@ def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: floa
     over at least ``final_rounds`` rounds and ``seconds`` (whole rounds), and on, up to
     ``wait_s`` in all, while it has not seen both speed levels (:func:`final_levels`).
     From NARROW_AFTER rounds on, plans clearly behind the leader are dropped (:func:`narrowed`).
+    Each round links every plan anew but the references of LEVEL_MARKERS: where a build's
+    buffers land moves its time by up to 1.4x for as long as it lives (NOTES 62), which a
+    plan's median over its rounds sees through only if each round has its own build; the
+    markers keep one build, so that their changes over the rounds are the host's levels.
     A plan that fails once is not timed again; a stop (Ctrl-C) ends it at once, keeping
     the runs made."""
     target = cfg.target_obj()
@@ -688,7 +692,8 @@ def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: floa
                 if timed[h].error:
                     continue
                 res = runner.run({"space": cfg.space, "tiny": cfg.tiny, "plan": chosen[h][0],
-                                  "target": target.spec_json, "timing": timing})
+                                  "target": target.spec_json, "timing": timing,
+                                  "fresh_build": chosen[h][1] not in LEVEL_MARKERS})
                 if res["status"] == OK:
                     timed[h].runs.append(list(res["samples_ms"]))
                     timed[h].rounds.append(k)

@@ -30,13 +30,15 @@ READY = "ready"  # a fresh worker has loaded the workload
 
 
 def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *, corrupt: bool = False,
-                  keep_build: bool = False) -> dict[str, Any]:
+                  keep_build: bool = False, fresh_build: bool = False) -> dict[str, Any]:
     """Build, check and time ``plan`` here. Plan/schedule errors propagate to the caller.
 
     ``corrupt`` (fault injection only): after scheduling, the kernel that writes the
     output is made to write only part of it, so the correctness check must catch it.
     ``keep_build``: the built plan joins this process's few recent builds (a worker keeps
-    them for :func:`compare_plans`, which times a new best against the incumbent)."""
+    them for :func:`compare_plans`, which times a new best against the incumbent).
+    ``fresh_build``: link it anew even if built here before (a final's rounds: a build that
+    landed badly in memory stays slow for as long as it lives, results/NOTES.md 62)."""
     from autofuse.build import compile_module, schedule_module
 
     w.check_plan(plan)
@@ -45,7 +47,7 @@ def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *,
         ex = compile_module(_corrupt_output_kernel(schedule_module(w.graph(plan.fold_params), plan, target)), target,
                             plan.fast_math)
     else:
-        ex = _built(w, plan, target, keep_build)
+        ex = _built(w, plan, target, keep_build, fresh_build)
     build_s = time.perf_counter() - t0
     acts, expected = w.check_data()
     t1 = time.perf_counter()
@@ -57,7 +59,7 @@ def evaluate_plan(w: Workload, plan: Plan, target: Target, cfg: TimingConfig, *,
 
 # Recently built plans of a worker process, newest last: the incumbent best and the latest
 # candidates, so that timing a new best against the incumbent rebuilds neither, and the
-# plans of a job's final re-measurement (top-k and two references), so its rounds rebuild none.
+# references of a job's final re-measurement, whose one build tells the host's speed levels.
 _RECENT_BUILDS: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
 RECENT_BUILDS_KEPT = 8
 
@@ -181,7 +183,8 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         cfg = TimingConfig(**task.get("timing", {}))
         if "compare_with" in task:
             return compare_plans(w, [plan, Plan.from_json(task["compare_with"])], target, cfg, task["rounds"])
-        return evaluate_plan(w, plan, target, cfg, corrupt=corrupt, keep_build=True)
+        fresh = bool(task.get("fresh_build", False))  # a final's contender: linked anew each round, not kept
+        return evaluate_plan(w, plan, target, cfg, corrupt=corrupt, keep_build=not fresh, fresh_build=fresh)
     except (PlanError, ScheduleRejected) as e:
         return {"status": REJECTED, "correct": False, "error": str(e), "build_s": time.perf_counter() - t0}
     except BuildError as e:

@@ -605,6 +605,36 @@ def test_each_comparison_builds_its_plans_anew(monkeypatch):
     assert built == [a.hash, a.hash, b.hash, a.hash, b.hash]
 
 
+def test_a_finals_contenders_are_linked_anew_each_round_its_references_once(monkeypatch):
+    """A final times each plan in many rounds; a contender's build that landed badly would
+    rank it low in all of them (NOTES 62), so each of its runs links it anew and keeps no
+    build; a reference keeps its one build, whose changes over the rounds are the host's."""
+    import autofuse.build
+    from autofuse import runner as runner_mod
+    from dataclasses import asdict
+
+    from autofuse.measure import QUICK
+
+    w = get_workload("ew_chain", tiny=True)
+    a = w.partition_plan(((0, 1, 2, 3),), True, "p1", [{"t0": 1}])
+    real_build, built = autofuse.build.build, []
+
+    def counting_build(g, plan, target, reuse_kernels=False):
+        built.append(plan.hash)
+        return real_build(g, plan, target, reuse_kernels=reuse_kernels)
+
+    monkeypatch.setattr(autofuse.build, "build", counting_build)
+    monkeypatch.setattr(runner_mod, "_RECENT_BUILDS", type(runner_mod._RECENT_BUILDS)())
+    task = {"space": "ew_chain", "tiny": True, "plan": a.to_json(), "target": '{"kind": "llvm"}',
+            "timing": asdict(QUICK)}
+    for _ in range(2):
+        assert runner_mod.run_task({**task, "fresh_build": True})["status"] == OK
+    assert built == [a.hash, a.hash] and not runner_mod._RECENT_BUILDS  # linked each time, kept nothing
+    for _ in range(2):
+        assert runner_mod.run_task(task)["status"] == OK
+    assert built == [a.hash] * 3 and len(runner_mod._RECENT_BUILDS) == 1  # one build, kept for both
+
+
 def test_timing_processes_keep_glibcs_mmap_threshold():
     """glibc raises its mmap threshold as large blocks are freed, and a long-lived process
     then runs later builds up to 1.9x slower (NOTES 62); the CLI and every worker pin it."""

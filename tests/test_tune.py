@@ -582,6 +582,7 @@ class _ScriptedRunner:
 
     def __init__(self, slow_from: int | None):
         self.slow_from, self.marker_runs, self.runs = slow_from, 0, {}
+        self.fresh_builds: dict[str, set[bool]] = {}  # plan -> the fresh_build flags of its runs
 
     def __call__(self, *_a):
         return self
@@ -594,6 +595,7 @@ class _ScriptedRunner:
 
     def run(self, payload):
         time.sleep(0.005)
+        self.fresh_builds.setdefault(payload["plan"], set()).add(payload["fresh_build"])
         if payload["plan"] == "U":
             self.marker_runs += 1
             slow = self.slow_from is not None and self.marker_runs > self.slow_from
@@ -653,6 +655,20 @@ def test_a_final_drops_the_plans_clearly_behind_the_leader(monkeypatch):
     rank = final_rank_ms(timed, final_levels(chosen, timed))
     assert sorted(rank, key=rank.get) == ["a", "c", "b", "d", "far", "u", "farther"]
     assert rank["far"] == pytest.approx(2 * rank["a"])
+
+
+def test_a_final_links_its_contenders_anew_each_round_and_keeps_the_references_builds(monkeypatch):
+    """The level markers keep one build (their times over the rounds are the host's levels);
+    every other plan asks for a fresh build in each run (NOTES 62: a bad landing lasts)."""
+    import autofuse.job as job
+    from autofuse.job import JobConfig, time_final
+
+    cfg = JobConfig(space="ew_chain", tiny=True, final_rounds=3, progress=False)
+    chosen = {"u": ("U", "unfused"), "d": ("0.200", "default"), "a": ("0.150", "tuned"), "b": ("0.140", "seed:packed")}
+    scripted = _ScriptedRunner(slow_from=None)
+    monkeypatch.setattr(job, "IsolatedRunner", scripted)
+    time_final(cfg, chosen, seconds=0.0)
+    assert scripted.fresh_builds == {"U": {False}, "0.200": {False}, "0.150": {True}, "0.140": {True}}
 
 
 def test_a_dropped_plan_ranks_by_its_runs_beside_the_best_kept_one():
