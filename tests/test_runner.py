@@ -576,17 +576,11 @@ def test_plans_are_timed_in_rounds_that_alternate_their_order(monkeypatch):
     assert sorted(built) == sorted(p.hash for p in plans)
 
 
-def test_each_comparison_builds_its_plans_anew(monkeypatch):
-    """A build that landed badly in memory runs up to 1.4x slower for as long as it lives
-    (NOTES 62): a comparison does not reuse the builds of an earlier one, a plain measurement
-    of a plan built before does."""
+def _count_builds(monkeypatch) -> list[str]:
+    """The hashes of the plans built from here on, in order, with this process's kept builds emptied."""
     import autofuse.build
     from autofuse import runner as runner_mod
-    from autofuse.measure import QUICK
-    from autofuse.runner import evaluate_plan
 
-    w = get_workload("ew_chain", tiny=True)
-    a, b = (w.partition_plan(((0, 1, 2, 3),), True, f"p{t}", [{"t0": t}]) for t in (1, 2))
     real_build, built = autofuse.build.build, []
 
     def counting_build(g, plan, target, reuse_kernels=False):
@@ -595,6 +589,20 @@ def test_each_comparison_builds_its_plans_anew(monkeypatch):
 
     monkeypatch.setattr(autofuse.build, "build", counting_build)
     monkeypatch.setattr(runner_mod, "_RECENT_BUILDS", type(runner_mod._RECENT_BUILDS)())
+    return built
+
+
+def test_each_comparison_builds_its_plans_anew(monkeypatch):
+    """A build that landed badly in memory runs up to 1.4x slower for as long as it lives
+    (NOTES 62): a comparison does not reuse the builds of an earlier one, a plain measurement
+    of a plan built before does."""
+    from autofuse import runner as runner_mod
+    from autofuse.measure import QUICK
+    from autofuse.runner import evaluate_plan
+
+    w = get_workload("ew_chain", tiny=True)
+    a, b = (w.partition_plan(((0, 1, 2, 3),), True, f"p{t}", [{"t0": t}]) for t in (1, 2))
+    built = _count_builds(monkeypatch)
     target = parse_target('{"kind": "llvm"}')
     assert evaluate_plan(w, a, target, QUICK, keep_build=True)["status"] == OK
     assert evaluate_plan(w, a, target, QUICK, keep_build=True)["status"] == OK
@@ -609,22 +617,14 @@ def test_a_finals_contenders_are_linked_anew_each_round_its_references_once(monk
     """A final times each plan in many rounds; a contender's build that landed badly would
     rank it low in all of them (NOTES 62), so each of its runs links it anew and keeps no
     build; a reference keeps its one build, whose changes over the rounds are the host's."""
-    import autofuse.build
-    from autofuse import runner as runner_mod
     from dataclasses import asdict
 
+    from autofuse import runner as runner_mod
     from autofuse.measure import QUICK
 
     w = get_workload("ew_chain", tiny=True)
     a = w.partition_plan(((0, 1, 2, 3),), True, "p1", [{"t0": 1}])
-    real_build, built = autofuse.build.build, []
-
-    def counting_build(g, plan, target, reuse_kernels=False):
-        built.append(plan.hash)
-        return real_build(g, plan, target, reuse_kernels=reuse_kernels)
-
-    monkeypatch.setattr(autofuse.build, "build", counting_build)
-    monkeypatch.setattr(runner_mod, "_RECENT_BUILDS", type(runner_mod._RECENT_BUILDS)())
+    built = _count_builds(monkeypatch)
     task = {"space": "ew_chain", "tiny": True, "plan": a.to_json(), "target": '{"kind": "llvm"}',
             "timing": asdict(QUICK)}
     for _ in range(2):
