@@ -32,7 +32,7 @@ def main(space: str, db_path: str, plan_e: str, plan_f: str, rounds: int) -> Non
         return Plan.from_json(plan_json)
 
     acts, expected = w.check_data()
-    e, f = [_vm_runnable(name, build(w.graph(p.fold_params), p, target), w, p.fold_params, target)
+    e, f = [_vm_runnable(name, lambda p=p: build(w.graph(p.fold_params), p, target), w, p.fold_params, target)
             for name, p in (("E", plan(plan_e)), ("F", plan(plan_f)))]
     ref_inputs = {**acts, **w.params}
     sess = onnxruntime_session(onnx_model(w.space, w.params, expected.shape), num_threads())

@@ -13,7 +13,9 @@ from helpers import cli
 
 def test_bench_tiny_all_columns_correct(tmp_path):
     out = tmp_path / "bench"
-    r = cli("bench", "ew_chain", "--tiny", "--budget", "6s", "--rounds", "1", "--repeats", "1", "--min-repeat-ms", "1",
+    from autofuse.bench.columns import PAIRED_TIMINGS, PAIRS_PER_BUILD
+
+    r = cli("bench", "ew_chain", "--tiny", "--budget", "6s", "--rounds", "2", "--repeats", "1", "--min-repeat-ms", "1",
             "-o", str(out), "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
@@ -21,8 +23,13 @@ def test_bench_tiny_all_columns_correct(tmp_path):
     cols = space["columns"]
     assert set(cols) == {"unfused", "tvm-default", "tvm-metaschedule", "onnxruntime", "numpy", "autofuse"}
     for name, col in cols.items():
-        assert col["correct"] is True, (name, col)  # every column computes the same function
+        assert col["correct"] is True, (name, col)  # every column computes the same function, every build of it
         assert col["median_ms"] > 0 and col["spread_ms"] >= 0
+    # each build anew for the second round, and the peers of the back-to-back pairs every few pairs
+    blocks = PAIRED_TIMINGS // PAIRS_PER_BUILD
+    assert {k: c["builds"] for k, c in cols.items() if k != "autofuse"} == {
+        "unfused": 2, "tvm-default": 2, "numpy": 1, "tvm-metaschedule": 2 + blocks, "onnxruntime": 2 + blocks}
+    assert cols["autofuse"]["builds"] >= 2 + 3 * blocks  # paired with both peers and its roofline floor
     assert space["roofline_ms"] > 0 and space["flops"] > 0 and space["bytes"] > 0
     assert space["roofline_paired"]["autofuse_over_roofline"] > 0  # the floor's kernel timed beside the plan
     assert report["peaks"]["peak_gflops"] > 0 and report["peaks"]["bandwidth_gbs"] > 0
@@ -426,6 +433,82 @@ def test_autofuse_is_timed_back_to_back_with_metaschedule_and_onnxruntime(monkey
     assert "| ew_chain | **1.03x** (1.03-1.03) | failed: onnxruntime: wrong result" in md
     del result["paired_vs_autofuse"]  # a report from before these pairs: no such table
     assert "Back to back with autofuse" not in markdown_report(report)
+
+
+def _rebuilt_runnable(name: str, calls: list[str], outputs):
+    """A fake column whose every build is logged in ``calls`` ("build NAME") as is every
+    timing (NAME), its n-th build computing ``outputs(n)``."""
+    r = _fake_runnable(name, [])
+    builds = [0]
+
+    def load():
+        builds[0] += 1
+        calls.append(f"build {name}")
+        out = outputs(builds[0])
+        return (lambda repeats, _ms: calls.append(name) or [1.0] * repeats), (lambda: out)
+
+    r.timer, r.output = load()
+    r.rebuild = load
+    calls.clear()  # the first build is the column's as build_columns hands it over
+    return r
+
+
+def test_each_column_is_built_anew_for_each_round_and_every_few_pairs(monkeypatch, tmp_path):
+    """Where a build's buffers land moves its time for as long as it lives (NOTES 62): every
+    column that has a build is built anew right before its timing in each round after the
+    first (the warm-up and first round share one), and both plans of a back-to-back pair
+    before every PAIRS_PER_BUILD pairs, each new build checked; a column without a build
+    (NumPy) is timed as it is.  The report counts each column's builds and says so."""
+    from autofuse.bench import run as bench_run
+    from autofuse.bench.columns import PAIRS_PER_BUILD
+    from autofuse.bench.report import markdown_report
+    from autofuse.workload import get_workload
+
+    _, expected = get_workload("ew_chain", tiny=True).check_data()
+    calls: list[str] = []
+    af = _rebuilt_runnable("autofuse", calls, lambda n: expected)
+    ms = _rebuilt_runnable("tvm-metaschedule", calls, lambda n: expected)
+    numpy_col = _fake_runnable("numpy", [])
+    numpy_col.output, numpy_col.timer = lambda: expected, lambda repeats, _ms: calls.append("numpy") or [9.0] * repeats
+    monkeypatch.setattr(bench_run, "build_columns", lambda *a, **k: ([af, ms, numpy_col], [], {}))
+    result = bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=3, repeats=1, include=())
+    rounds = ["autofuse", "tvm-metaschedule", "numpy",  # the warm-up round
+              "autofuse", "tvm-metaschedule", "numpy",  # round 1: the warm-up's builds
+              "build tvm-metaschedule", "tvm-metaschedule", "numpy", "build autofuse", "autofuse",
+              "numpy", "build autofuse", "autofuse", "build tvm-metaschedule", "tvm-metaschedule"]
+    assert calls[:len(rounds)] == rounds
+    block = ["build autofuse", "build tvm-metaschedule"] + ["autofuse", "tvm-metaschedule", "tvm-metaschedule", "autofuse"] * (PAIRS_PER_BUILD // 2)
+    assert calls[len(rounds):] == block * (bench_run.PAIRED_TIMINGS // PAIRS_PER_BUILD)
+    builds = 1 + 2 + bench_run.PAIRED_TIMINGS // PAIRS_PER_BUILD
+    assert {k: c["builds"] for k, c in result["columns"].items()} == {"autofuse": builds, "tvm-metaschedule": builds, "numpy": 1}
+    assert result["paired_vs_autofuse"]["tvm-metaschedule"]["paired"]["pairs"] == bench_run.PAIRED_TIMINGS
+    report = {"date": "2026-12-07", "threads": 2, "tvm_version": "0.27", "budget_s": 600, "rounds": 3, "repeats": 1,
+              "peaks": {"peak_gflops": 1.0, "bandwidth_gbs": 1.0}, "spaces": [result], "geomean_speedup_of_autofuse": {}}
+    assert f"built anew for every round after the first and before every {PAIRS_PER_BUILD} back-to-back pairs" in markdown_report(report)
+    for c in result["columns"].values():  # a report from before: no such line
+        c.pop("builds")
+    assert "built anew" not in markdown_report(report)
+
+
+def test_a_new_build_that_computes_a_wrong_result_is_never_timed(monkeypatch, tmp_path):
+    """Each build is checked before its time counts: a column whose second build is wrong
+    keeps the timings of its first, says which build went wrong, and its back-to-back pair
+    reports the error instead of a ratio."""
+    from autofuse.bench import run as bench_run
+    from autofuse.workload import get_workload
+
+    _, expected = get_workload("ew_chain", tiny=True).check_data()
+    calls: list[str] = []
+    af = _rebuilt_runnable("autofuse", calls, lambda n: expected)
+    ort = _rebuilt_runnable("onnxruntime", calls, lambda n: expected if n == 1 else expected + 1)
+    monkeypatch.setattr(bench_run, "build_columns", lambda *a, **k: ([af, ort], [], {}))
+    result = bench_run.bench_space("ew_chain", None, 1.0, tmp_path, tiny=True, rounds=3, repeats=2, include=())
+    col = result["columns"]["onnxruntime"]
+    assert col["correct"] is False and col["error"].startswith("build 2: wrong result") and col["builds"] == 2
+    assert col["samples_ms"] == [1.0, 1.0]  # the first round's, of the first build
+    assert calls.count("onnxruntime") == 2  # the warm-up and the first round: never after the wrong build
+    assert result["columns"]["autofuse"]["samples_ms"] == [1.0] * 6
+    assert result["paired_vs_autofuse"]["onnxruntime"]["error"].startswith("onnxruntime: build 2: wrong result")
 
 
 def test_autofuse_is_timed_back_to_back_with_its_roofline_floor(monkeypatch, tmp_path):

@@ -40,6 +40,7 @@ class Column:
     error: str | None = None
     samples_ms: list[float] = field(default_factory=list)
     note: str = ""
+    builds: int = 1  # how many times the column was built anew for its timings (``_Runnable.renew``)
 
     @property
     def median_ms(self) -> float | None:
@@ -54,7 +55,7 @@ class Column:
         a wide spread (max - min) can be read as one stalled repeat or a spread-out many."""
         return {"name": self.name, "correct": self.correct, "error": self.error, "median_ms": self.median_ms,
                 "spread_ms": self.spread_ms, "samples": len(self.samples_ms), "note": self.note,
-                "samples_ms": [round(t, 6) for t in self.samples_ms]}
+                "builds": self.builds, "samples_ms": [round(t, 6) for t in self.samples_ms]}
 
 
 def time_python(fn: Callable[[], Any], min_ms: float, repeats: int) -> list[float]:
@@ -99,16 +100,39 @@ def cores_busy_while_sleeping(seconds: float) -> float:
     return (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
+Timer = Callable[[int, float], list[float]]  # (repeats, min ms per repeat) -> ms per run of each repeat
+Loaded = tuple[Timer, Callable[[], Any]]  # a build ready to run: its timer, and what computes its output
+
+
 class _Runnable:
     """One column (or one plan of a search check), ready to check and time.  ``runtime`` is
     what runs it (TVM, onnxruntime, NumPy): ``time`` lets the threads of the runtime timed
-    just before go quiet first when it is another one."""
+    just before go quiet first when it is another one.  ``rebuild`` (where there is a build)
+    makes and loads a new one: ``renew`` swaps it in."""
 
     last_runtime: ClassVar[str | None] = None  # the runtime this process timed last
 
-    def __init__(self, column: Column, timer: Callable[[int, float], list[float]], output: Callable[[], np.ndarray],
-                 plan_hash: str | None = None, runtime: str = "tvm"):
+    def __init__(self, column: Column, timer: Timer, output: Callable[[], Any], plan_hash: str | None = None,
+                 runtime: str = "tvm", rebuild: Callable[[], Loaded] | None = None):
         self.column, self.timer, self.output, self.plan_hash, self.runtime = column, timer, output, plan_hash, runtime
+        self.rebuild = rebuild
+
+    def renew(self, check: Callable[[_Runnable], None]) -> None:
+        """Time a new build from now on, ``check``ed first (it marks a wrong one).  Where a
+        build's buffers and constants land in memory moves its time by up to 1.4x for as long
+        as it lives (results/NOTES.md 62): timed with one build, a column that landed badly
+        would read slow in every round and every pair; built anew for each round and each
+        few pairs, a bad landing is one block of timings that the median sees through."""
+        if self.rebuild is None or not self.column.correct:
+            return
+        try:
+            self.timer, self.output = self.rebuild()
+        except Exception as e:
+            self.column.correct = False
+            self.column.error = f"build {self.column.builds + 1} failed: {_error_line(e)}"
+            return
+        self.column.builds += 1
+        check(self)
 
     def time(self, repeats: int, min_ms: float) -> list[float]:
         """ms per run of each of ``repeats`` timings (``timer``), after the spinning threads of
@@ -119,16 +143,28 @@ class _Runnable:
         return self.timer(repeats, min_ms)
 
 
-def _vm_runnable(name: str, ex: Any, w: Workload, fold: bool, target: Target, note: str = "") -> _Runnable:
+def _error_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:200]}"
+
+
+def _vm_runnable(name: str, make: Callable[[], Any], w: Workload, fold: bool, target: Target, note: str = "",
+                 first: Any = None) -> _Runnable:
+    """A column run by a Relax VM: ``make`` builds its executable (``first``: the build to
+    start with, where one is at hand), and again for each ``renew``."""
     acts, _ = w.check_data()
-    session = Session(ex, target)
     inputs = w.runtime_inputs(fold, acts)
-    args = session.to_device(inputs)
 
-    def timer(repeats: int, min_ms: float) -> list[float]:
-        return session.time(inputs, TimingConfig(repeats=repeats, min_repeat_ms=int(min_ms), warmup=1))
+    def load(ex: Any) -> Loaded:
+        session = Session(ex, target)
+        args = session.to_device(inputs)
 
-    return _Runnable(Column(name, note=note), timer, lambda: session(args))
+        def timer(repeats: int, min_ms: float) -> list[float]:
+            return session.time(inputs, TimingConfig(repeats=repeats, min_repeat_ms=int(min_ms), warmup=1))
+
+        return timer, lambda: session(args)
+
+    timer, output = load(make() if first is None else first)
+    return _Runnable(Column(name, note=note), timer, output, rebuild=lambda: load(make()))
 
 
 PROGRESS_EVERY_S = 60.0  # a tuning phase's progress line at most this often
@@ -186,6 +222,7 @@ def _job_ticker(ticker: _Ticker) -> Callable[..., Any]:
 
 EARLY_SHARE = 0.3  # the issue's "95% of the 10-minute best within the first 3 minutes"
 PAIRED_TIMINGS = 24  # back-to-back timings of each pair of plans (``PlanPair.time_paired``)
+PAIRS_PER_BUILD = 4  # pairs timed with one build of each of the two before both are built anew
 # Peers the issue's targets name, also timed back to back with autofuse: where the two are a
 # few percent apart (a tie at the roofline), the rounds' medians can draw different speed
 # levels of this host for the two columns, and pairs taken back to back mostly share one.
@@ -209,19 +246,25 @@ class PlanPair:
     into: dict[str, Any]
     ratios: list[float] = field(default_factory=list)  # b's time over a's, one per pair of timings
 
-    def time_paired(self, pairs: int, min_ms: float) -> None:
+    def time_paired(self, pairs: int, min_ms: float, check: Callable[[_Runnable], None] | None = None) -> None:
         """Time the two plans right after each other ``pairs`` times (A B, then B A, ...), one
         repeat each, and keep each pair's ratio.  The machine's speed for memory-bound
         kernels here flips between two levels every second or so (ew_chain's default plan:
         1.1 or 2.0 ms, in runs a few seconds apart; NOTES 35), and the columns' rounds time
         each plan for a whole repeat block, several columns apart: a plan can draw the slow
         level in most of its rounds.  Two timings taken back to back mostly share a level,
-        so their ratio does not carry it."""
+        so their ratio does not carry it.  With ``check``, both are built anew (and checked)
+        before every ``PAIRS_PER_BUILD`` pairs (``_Runnable.renew``)."""
         a, b = self.runs
         if a is b or not (a.column.correct and b.column.correct):
             return
         ms: tuple[list[float], list[float]] = ([], [])
-        for i in interleaved(2, pairs):  # each round is one pair: A B, then B A, ...
+        for k, i in enumerate(interleaved(2, pairs)):  # each round is one pair: A B, then B A, ...
+            if check is not None and k % (2 * PAIRS_PER_BUILD) == 0:
+                for r in self.runs:
+                    r.renew(check)
+                if not (a.column.correct and b.column.correct):
+                    break  # a new build went wrong: the pair reports it
             ms[i].append(statistics.median(self.runs[i].time(1, min_ms)))
         self.ratios.extend(tb / ta for ta, tb in zip(*ms))
 
@@ -294,25 +337,29 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
         try:
             r = make()
         except Exception as e:  # a peer that cannot run is reported, not fatal
-            r = _Runnable(Column(name, correct=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"),
-                          lambda *_: [], lambda: None)
+            r = _Runnable(Column(name, correct=False, error=_error_line(e)), lambda *_: [], lambda: None)
         if r is not None:
             cols.append(r)
 
-    guarded("unfused", lambda: _vm_runnable("unfused", build(w.graph(True), w.reference_plan("unfused"), target), w, True, target))
+    guarded("unfused", lambda: _vm_runnable(
+        "unfused", lambda: build(w.graph(True), w.reference_plan("unfused"), target, reuse_kernels=True), w, True, target))
 
     def tvm_default() -> _Runnable:
         mod = bind_params(space_to_relax(w.space), w.params)
-        ex = tvm.compile(mod, target.tvm(), relax_pipeline=relax.get_default_pipeline(target.tvm()))
-        vm = relax.VirtualMachine(ex, tvm.cpu())
-        args = [tvm.runtime.tensor(acts[t.name]) for t in w.space.activations]
-        vm.save_function("main", "main_timed", *args)
 
-        def timer(repeats: int, min_ms: float) -> list[float]:
-            r = vm.time_evaluator("main_timed", tvm.cpu(), number=1, repeat=repeats, min_repeat_ms=int(min_ms))()
-            return [x * 1e3 for x in r.results]
+        def load() -> Loaded:
+            ex = tvm.compile(mod, target.tvm(), relax_pipeline=relax.get_default_pipeline(target.tvm()))
+            vm = relax.VirtualMachine(ex, tvm.cpu())
+            args = [tvm.runtime.tensor(acts[t.name]) for t in w.space.activations]
+            vm.save_function("main", "main_timed", *args)
 
-        return _Runnable(Column("tvm-default", note="FuseOps, no schedule"), timer, lambda: vm["main"](*args).numpy())
+            def timer(repeats: int, min_ms: float) -> list[float]:
+                r = vm.time_evaluator("main_timed", tvm.cpu(), number=1, repeat=repeats, min_repeat_ms=int(min_ms))()
+                return [x * 1e3 for x in r.results]
+
+            return timer, lambda: vm["main"](*args).numpy()
+
+        return _Runnable(Column("tvm-default", note="FuseOps, no schedule"), *load(), rebuild=load)
 
     guarded("tvm-default", tvm_default)
 
@@ -322,14 +369,18 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
     def plan_note(plan: Plan, label: str, note: str) -> str:
         return f"plan {plan.hash} ({label}), {len(plan.groups)} kernels, {note}"
 
-    built: dict[str, Any] = {}  # plan hash -> executable: a plan two columns time is built once
+    built: dict[str, Any] = {}  # plan hash -> first executable: a plan two columns time is built once
 
     def plan_runnable(name: str, plan_json: str, label: str, note: str) -> _Runnable:
         plan = Plan.from_json(plan_json)
+
+        def make() -> Any:  # a new build links the kernels this process compiled for the first
+            return build(w.graph(plan.fold_params), plan, target, reuse_kernels=True)
+
         if plan.hash not in built:
-            built[plan.hash] = build(w.graph(plan.fold_params), plan, target)
-        ex = built[plan.hash]
-        r = _vm_runnable(name, ex, w, plan.fold_params, target, note=plan_note(plan, label, note))
+            built[plan.hash] = make()
+        r = _vm_runnable(name, make, w, plan.fold_params, target, note=plan_note(plan, label, note),
+                         first=built[plan.hash])
         r.plan_hash = plan.hash
         return r
 
@@ -447,8 +498,7 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
         extra["metaschedule_curve"] = curve
         extra["metaschedule"] = info
         mod, tuned, total = metaschedule.apply_best(w.graph(True).mod, target, work)
-        ex = tvm.compile(mod, target.tvm())
-        return _vm_runnable("tvm-metaschedule", ex, w, True, target,
+        return _vm_runnable("tvm-metaschedule", lambda: tvm.compile(mod, target.tvm()), w, True, target,
                             note=f"{info['records']} records, {tuned}/{total} kernels tuned")
 
     guarded("tvm-metaschedule", metaschedule_col)
@@ -460,16 +510,20 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
             import onnx
 
             ref = w.space.reference
-            sess = onnxruntime_session(onnx.load_from_string(ref.model_bytes), num_threads())
+            model = onnx.load_from_string(ref.model_bytes)
             feed = {o: np.asarray(acts[r], dtype=np.float32) for r, o in ref.relax_to_onnx.items()}
         elif has_onnx(w.space.name):
-            sess = onnxruntime_session(onnx_model(w.space, w.params, expected.shape), num_threads())
+            model = onnx_model(w.space, w.params, expected.shape)
             feed = {k: v for k, v in acts.items()}
         else:
             return None
-        return _Runnable(Column("onnxruntime", note=f"{num_threads()} threads, ORT_ENABLE_ALL"),
-                         lambda r, m: time_python(lambda: sess.run(None, feed), m, r),
-                         lambda: sess.run(None, feed)[0], runtime="onnxruntime")
+
+        def load() -> Loaded:  # a new session: onnxruntime's own build of the graph
+            sess = onnxruntime_session(model, num_threads())
+            return lambda r, m: time_python(lambda: sess.run(None, feed), m, r), lambda: sess.run(None, feed)[0]
+
+        return _Runnable(Column("onnxruntime", note=f"{num_threads()} threads, ORT_ENABLE_ALL"), *load(),
+                         runtime="onnxruntime", rebuild=load)
 
     guarded("onnxruntime", ort_col)
     ref_inputs = {**acts, **w.params}

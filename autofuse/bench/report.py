@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autofuse.bench.columns import COLUMNS, PAIRED_PEERS, PAIRED_TIMINGS
+from autofuse.bench.columns import COLUMNS, PAIRED_PEERS, PAIRED_TIMINGS, PAIRS_PER_BUILD
 from autofuse.bench.curves import random_kind
 from autofuse.bench.roofline import COPY_FLOATS
 
@@ -123,6 +123,11 @@ def cache_resident(report: dict[str, Any]) -> list[tuple[dict[str, Any], int]]:
             if below_roofline(r) and (llc := cache_of.get(r["space"])) and r.get("bytes") and r["bytes"] <= llc]
 
 
+def renewed_spaces(report: dict[str, Any]) -> list[str]:
+    """The spaces whose columns were built anew during their timings (``builds`` > 1)."""
+    return [r["space"] for r in report["spaces"] if any(c.get("builds", 1) > 1 for c in r["columns"].values())]
+
+
 def markdown_report(report: dict[str, Any], command: str = "") -> str:
     """The bench as a markdown table (what results/README.md shows)."""
     cols = report_columns(report)
@@ -136,6 +141,11 @@ def markdown_report(report: dict[str, Any], command: str = "") -> str:
                  f"{run['peaks']['peak_gflops']:.0f} GFLOP/s ({run['peaks'].get('peak_source', 'numpy')} SGEMM "
                  f"2048^3), {run['peaks']['bandwidth_gbs']:.1f} GB/s (copy)" + (f" ({run['date']})" if len(runs) > 1 else "")
                  for run in runs) + ".", ""]
+    if rebuilt := renewed_spaces(report):
+        every = "" if len(rebuilt) == len(report["spaces"]) else f" (in {', '.join(rebuilt)})"
+        lines += [f"Each TVM and onnxruntime column{every} was built anew for every round after the first and before "
+                  f"every {PAIRS_PER_BUILD} back-to-back pairs, each build checked against the reference: where a "
+                  "build's buffers land in memory can move its time for as long as it lives.", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
     vs_random = any("search_vs_random" in r for r in report["spaces"])

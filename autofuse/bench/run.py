@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autofuse.bench.columns import (COLUMNS, PAIRED_PEERS, PAIRED_TIMINGS, Column, PlanPair, _Runnable, bench_db,
-                                    build_columns)
+from autofuse.bench.columns import (COLUMNS, PAIRED_PEERS, PAIRED_TIMINGS, PAIRS_PER_BUILD, Column, PlanPair, _Runnable,
+                                    bench_db, build_columns)
 from autofuse.bench.curves import random_kind, reached_95pct_at
 from autofuse.bench.plots import plot_bench
 from autofuse.bench.report import markdown_report, runs_of
@@ -36,9 +36,9 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
     columns, pairs, extra = build_columns(w, target, budget_s, out_dir, progress, seed, include, compare_random)
     plans = [r for r in dict.fromkeys(r for p in pairs for r in p.runs) if r not in columns]  # of the search checks
     runnables = columns + plans
-    for r in runnables:  # correctness first: a wrong column is reported, never timed
-        if r.column.error:
-            continue
+
+    def check(r: _Runnable) -> None:
+        """Correctness first, of every build: a wrong column is reported, never timed again."""
         try:
             out = r.output()
             out = np.asarray(out.numpy() if hasattr(out, "numpy") else out)
@@ -47,12 +47,19 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
                 r.column.error = f"wrong result (relative error {err:.3g})"
         except Exception as e:
             r.column.correct, r.column.error = False, f"{type(e).__name__}: {e}"
+        if r.column.error and r.column.builds > 1:
+            r.column.error = f"build {r.column.builds}: {r.column.error}"
+
+    for r in runnables:
+        if not r.column.error:
+            check(r)
     work = work_of(w)
     floor = _floor_pair(work, peaks, columns) if peaks else None
     if floor is not None:  # timed in the rounds too: the pair reports both medians
         runnables.append(floor.runs[0])
     checks = f" and {len(plans)} plans of the search checks" if plans else ""
-    progress(f"{name}: timing {len(columns)} columns{checks}, a warm-up round, then {rounds} interleaved rounds")
+    progress(f"{name}: timing {len(columns)} columns{checks}, a warm-up round, then {rounds} interleaved rounds, "
+             "each column built anew for each round")
     for r in runnables:
         # discarded: the first timing after the tuning jobs ran up to 3x slower than the rest
         # (gemm_bn's first repeat 4.13 ms, the next 14 at 1.39-1.47 ms; NOTES 51)
@@ -64,15 +71,18 @@ def bench_space(name: str, target: Target, budget_s: float, out_dir: Path, *, ti
         # a TVM plan (OpenBLAS threads spinning after a call, likely; NOTES 31)
         start = k % len(runnables) if runnables else 0
         for r in runnables[start:] + runnables[:start]:
+            if k:  # the first round times the warm-up's build
+                r.renew(check)
             if r.column.correct:
                 r.column.samples_ms.extend(r.time(repeats, min_repeat_ms))
     paired_peers = _peer_pairs(columns)
     pairs += list(paired_peers.values()) + ([floor] if floor else [])
     if pairs:
         progress(f"{name}: timing {len(pairs)} pairs of plans back to back (search checks, autofuse against "
-                 f"its peers and its roofline floor), {PAIRED_TIMINGS} timings each")
+                 f"its peers and its roofline floor), {PAIRED_TIMINGS} timings each, both built anew every "
+                 f"{PAIRS_PER_BUILD}")
     for p in pairs:
-        p.time_paired(PAIRED_TIMINGS, min_repeat_ms)
+        p.time_paired(PAIRED_TIMINGS, min_repeat_ms, check)
         p.finish()
     result: dict[str, Any] = {"space": name, "tiny": tiny, "workload": w.hash, "budget_s": budget_s,
                               "columns": {r.column.name: r.column.as_dict() for r in columns}, **work, **extra}
