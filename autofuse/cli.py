@@ -290,7 +290,7 @@ def tune(space: str, target_text: str, trials: int | None, timeout_text: str | N
         c = _console()
         b = result.best
         c.print(f"study [bold]{result.study}[/]: {result.trials_this_job} trials this job ({result.trials_total} total; "
-                f"{result.complete} ok, {result.failed} failed, {result.pruned} rejected or prescreened; "
+                f"{result.complete} ok, {result.failed} failed, {result.pruned} pruned (rejected, prescreened or suggested again); "
                 f"{result.measured} plans built and measured, {result.repeats} repeats) in {result.wall_s:.0f} s"
                 + ("  [yellow](interrupted: resume with the same command)[/]" if result.interrupted else ""))
         if b:

@@ -33,7 +33,7 @@ from autofuse.db import DEFAULT_URL, PlanDB, sqlite_file
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
 from autofuse.cost_model import mark_prescreened, prescreen
-from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner, round_numbers, value_of
+from autofuse.runner import OK, REJECTED, CandidateLog, IsolatedRunner, pruned_as_repeat, round_numbers, value_of
 from autofuse.search import PlanSpace, make_sampler, mutation_for, side_by_side_ratio
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target, vector_unit
@@ -202,6 +202,8 @@ def worker_loop(cfg: JobConfig, worker_id: int = 0, progress: Any = None, stop: 
                  _confirm_text(res))
         if stop.requested or (deadline is not None and time.time() > deadline):
             study.stop()
+        if pruned_as_repeat(label, res):
+            raise optuna.TrialPruned("plan measured before")
         if res["status"] == REJECTED:
             raise optuna.TrialPruned(res.get("error", "rejected"))
         if res["status"] != OK:

@@ -45,7 +45,7 @@ from autofuse.onnx_import import MODEL_PREFIX, parse_spec
 from autofuse.plan import Plan
 from autofuse.regions import model_regions, stitch, structure
 from autofuse.cost_model import mark_prescreened, prescreen
-from autofuse.runner import OK, CandidateLog, IsolatedRunner, value_of
+from autofuse.runner import OK, CandidateLog, IsolatedRunner, pruned_as_repeat, value_of
 from autofuse.search import PlanSpace, make_sampler, mutation_for
 from autofuse.storage import open_storage
 from autofuse.target import Target, host_fingerprint, parse_target, vector_unit
@@ -191,7 +191,9 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
             if not res.get("repeat"):  # a repeat was measured before in this region's study: nothing new to store
                 store_result(db, st.w.hash, target, host, plan, label, res, kind="trial", study=study_name,
                              trial_number=done)
-            if ok:
+            if pruned_as_repeat(label, res):
+                st.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            elif ok:
                 value = value_of(res)
                 st.study.tell(trial, value)
                 if st.best_ms is None or value < st.best_ms:

@@ -523,6 +523,55 @@ def test_a_plan_suggested_again_in_a_job_is_not_measured_again(tmp_path):
     assert measured == len(trials) - 1
 
 
+
+def test_the_samplers_suggestion_of_a_plan_measured_before_is_pruned_not_told_its_time(tmp_path):
+    from autofuse.job import JobConfig, prepare_study, run_job
+    from autofuse.measure import TimingConfig
+    from autofuse.search import PlanSpace
+
+    quick = TimingConfig(repeats=2, min_repeat_ms=1, warmup=1)
+    cfg = JobConfig(space="ew_chain", tiny=True, db_url=f"sqlite:///{tmp_path}/t.db", seed=0, warm_start=False,
+                    timing=quick, final_timing=quick, top_k=1, log_dir=str(tmp_path), mutation_rate=0.0)
+    study = prepare_study(cfg)
+    w = get_workload("ew_chain", True)
+    study.enqueue_trial(PlanSpace(w).params_of(w.reference_plan("default")), skip_if_exists=False)  # no label: "tuned"
+    cfg.trials = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
+    result = run_job(cfg)
+    trials = optuna.load_study(study_name=cfg.study_name(), storage=cfg.db_url).trials
+    default = next(t for t in trials if t.user_attrs.get("label") == "default")
+    again = next(t for t in trials if t.user_attrs.get("label", "tuned") == "tuned")
+    assert again.user_attrs["plan_hash"] == default.user_attrs["plan_hash"] and again.user_attrs.get("repeat")
+    assert again.state == optuna.trial.TrialState.PRUNED and again.value is None
+    assert default.state == optuna.trial.TrialState.COMPLETE
+    assert result.repeats == 1 and result.pruned == 1 and result.complete == len(trials) - 1
+
+
+def test_tpe_suggests_fewer_plans_measured_before_when_their_repeats_are_pruned():
+    """The reason repeats are pruned (``pruned_as_repeat``): told complete, every repeat of a
+    good plan joins TPE's best trials as another copy of it and draws later suggestions back
+    to it.  A search of 200 trials over six four-way knobs, as a tuning job tells them."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    names = [f"k{i}" for i in range(6)]
+
+    def repeats(tell_repeat_as: str) -> int:
+        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=10))
+        seen, again = set(), 0
+        for _ in range(200):
+            t = study.ask()
+            x = tuple(t.suggest_categorical(n, [0, 1, 2, 3]) for n in names)
+            value = 1.0 + sum((xi - 1) ** 2 for xi in x) + 0.3 * x[0] * x[1]
+            if x in seen and tell_repeat_as == "pruned":
+                study.tell(t, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(t, value)
+            again += x in seen
+            seen.add(x)
+        return again
+
+    told, pruned = repeats("complete"), repeats("pruned")
+    assert pruned <= 0.7 * told, (told, pruned)
+
+
 def test_comparing_two_plans_in_a_worker_times_them_interleaved_on_kept_builds():
     w = get_workload("ew_chain", True)
     default, unfused = w.reference_plan("default").to_json(), w.reference_plan("unfused").to_json()
