@@ -245,6 +245,7 @@ class PlanSpace:
 POOL_SIZE = 32  # neighbours of the best plan the cost model chooses from
 EXPLORE = 0.1  # share of mutations taken at random from the pool even when the model is ready
 SWEEP = 0.5  # share of model-guided mutations drawn from all the best plan's one-knob neighbours
+TOP_PARENTS = 8  # the next-best plans mutated once the best's near neighbourhood is measured
 
 
 def side_by_side_ratio(trial: optuna.trial.FrozenTrial) -> float:
@@ -273,6 +274,28 @@ def parent_of(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTria
     return min(tied, key=lambda t: (side_by_side_ratio(t), t.number))
 
 
+def runners_up(trials: list[optuna.trial.FrozenTrial], best: optuna.trial.FrozenTrial,
+               k: int) -> list[optuna.trial.FrozenTrial]:
+    """The ``k`` fastest plans after ``best``, one trial per plan."""
+    done = sorted((t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None),
+                  key=lambda t: (t.value, t.number))
+    out: dict[Any, optuna.trial.FrozenTrial] = {}
+    for t in done:
+        plan = t.user_attrs.get("plan_hash", t.number)
+        if plan != best.user_attrs.get("plan_hash", best.number) and t.number != best.number:
+            out.setdefault(plan, t)
+            if len(out) == k:
+                break
+    return list(out.values())
+
+
+def _sampler_repeated(trial: optuna.trial.FrozenTrial | None) -> bool:
+    """Whether ``trial`` was the sampler suggesting a plan measured before (pruned as a
+    repeat): the sampler is going round measured plans, so a mutation takes the next trial."""
+    return (trial is not None and trial.state == optuna.trial.TrialState.PRUNED
+            and bool(trial.user_attrs.get("repeat")))
+
+
 class LocalMutation:
     """Study callback: after a trial, with probability ``rate``, enqueue the best trial's
     (``parent_of``) parameters with one or two of them changed (a tile to its neighbour, a
@@ -287,7 +310,13 @@ class LocalMutation:
     instead every one-knob neighbour of the best plan not measured yet, so the search walks
     the whole neighbourhood in the model's order rather than drawing from it at random: each
     of an attention job's ten-minute steps was one knob away from a measured plan, found
-    after 2-34 of its 134 one-knob neighbours had been measured (NOTES 59)."""
+    after 2-34 of its 134 one-knob neighbours had been measured (NOTES 59).
+
+    Once every neighbour drawn of the best plan has been measured, the pool is drawn from the
+    ``TOP_PARENTS`` next-best plans' neighbours instead, and after the sampler suggested a
+    plan measured before, a mutation takes the next trial whatever ``rate`` draws: in a
+    converged layernorm_residual job the pool was empty for most trials, and half of TPE's
+    suggestions were plans it had measured (NOTES 66)."""
 
     def __init__(self, rate: float = 0.5, seed: int | None = None, max_trials: int | None = None,
                  use_model: bool = True):
@@ -313,8 +342,9 @@ class LocalMutation:
             self.models[study.study_name] = cost_model.CostModel(self.seed)
         return self.models[study.study_name]
 
-    def __call__(self, study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-        if self.rng.random() >= self.rate:
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial | None) -> None:
+        coin = self.rng.random()
+        if coin >= self.rate and not _sampler_repeated(trial):
             return
         trials = study.get_trials(deepcopy=False)  # one storage read for all three checks below
         if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
@@ -333,16 +363,10 @@ class LocalMutation:
         if sweep:
             pool = [p for p in self.neighbours(study.study_name, best, space) if _key(p) not in seen]
             sweep = bool(pool)  # else the neighbourhood is spent: draw as below
-        for _ in range(0 if pool else 2 * POOL_SIZE if ready else 8):  # a few tries for plans not measured yet
-            params = self.mutate(best.params, best.distributions)
-            if params is None:
-                return
-            if space is not None:
-                params = space.complete(params)
-            if _key(params) not in seen and params not in pool:
-                pool.append(params)
-                if not ready or len(pool) == POOL_SIZE:
-                    break
+        if not pool:
+            pool = self._draw([best], seen, space, ready)
+        if not pool:  # the best's near neighbourhood is spent: the next-best plans' (Ansor's population)
+            pool = self._draw(runners_up(trials, best, TOP_PARENTS), seen, space, ready)
         if not pool:
             return
         attrs: dict[str, Any] = {"label": "mutation", **({"sweep": True} if sweep else {})}
@@ -352,6 +376,24 @@ class LocalMutation:
             i = int(predicted.argmin())
             choice, attrs["predicted_ms"] = pool[i], round(float(predicted[i]), 6)
         study.enqueue_trial(choice, user_attrs=attrs)
+
+    def _draw(self, parents: list[optuna.trial.FrozenTrial], seen: set[tuple], space: PlanSpace | None,
+              ready: bool) -> list[dict[str, Any]]:
+        """Plans not measured yet, one or two knobs away from one of ``parents`` each: up to
+        ``POOL_SIZE`` for the cost model to choose from, one at random without it."""
+        pool: list[dict[str, Any]] = []
+        for _ in range(2 * POOL_SIZE if ready else 8) if parents else ():  # a few tries for plans not measured yet
+            parent = parents[0] if len(parents) == 1 else self.rng.choice(parents)
+            params = self.mutate(parent.params, parent.distributions)
+            if params is None:
+                continue
+            if space is not None:
+                params = space.complete(params)
+            if _key(params) not in seen and params not in pool:
+                pool.append(params)
+                if not ready or len(pool) == POOL_SIZE:
+                    break
+        return pool
 
     def neighbours(self, study_name: str, best: optuna.trial.FrozenTrial,
                    space: PlanSpace | None) -> list[dict[str, Any]]:

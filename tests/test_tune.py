@@ -361,6 +361,31 @@ def test_local_mutation_queues_a_neighbour_of_the_best_trial():
     assert steps.count(1) > len(steps) / 2  # mostly a neighbouring tile
 
 
+
+def test_after_the_sampler_repeats_a_plan_a_mutation_of_a_runner_up_takes_the_next_trial():
+    """Every plan one or two knobs from the best is measured, and the sampler has just
+    suggested a measured plan again: whatever the rate draws, a mutation is queued, from one
+    of the next-best plans (the only ones with unmeasured plans one or two knobs away)."""
+    import itertools
+
+    from autofuse.search import LocalMutation
+
+    names = ("a", "b", "c")
+    study = optuna.create_study()
+    dists = {n: optuna.distributions.CategoricalDistribution([0, 1, 2, 3]) for n in names}
+    for x in itertools.product(range(4), repeat=3):
+        if sum(v != 0 for v in x) <= 2:  # the best (0, 0, 0) and all its one- and two-knob neighbours
+            study.add_trial(optuna.trial.create_trial(params=dict(zip(names, x)), distributions=dists,
+                                                      value=1.0 + sum(x)))
+    study.add_trial(optuna.trial.create_trial(params={"a": 0, "b": 0, "c": 0}, distributions=dists,
+                                              state=optuna.trial.TrialState.PRUNED, user_attrs={"repeat": True}))
+    LocalMutation(rate=0.0, seed=0, use_model=False)(study, study.trials[0])  # not a repeat: the rate decides
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    LocalMutation(rate=0.0, seed=0, use_model=False)(study, study.trials[-1])
+    (queued,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert all(queued.system_attrs["fixed_params"][n] != 0 for n in names)
+    assert queued.user_attrs["label"] == "mutation"
+
 def test_a_mutation_that_cuts_a_fused_group_is_queued_whole_and_never_twice():
     """Turning a fuse decision makes a group the best plan had no knobs for.  The mutation
     step completes such params (new knobs at their defaults) before it compares them with
