@@ -496,7 +496,10 @@ def test_one_slow_call_alone_does_not_cut_the_timing(monkeypatch):
     assert len(calls) == 2 and res["repeats"] == 3 and max(res["samples_ms"]) < 1000.0
 
 
-def test_a_plan_suggested_again_in_a_job_is_not_measured_again(tmp_path):
+def _job_with_the_default_plan_queued_again(tmp_path, user_attrs: dict | None):
+    """A tiny job whose queue ends with the default plan once more (``user_attrs`` on that
+    trial; without a label it stands for the sampler's own suggestion): its config, result
+    and trials."""
     from autofuse.job import JobConfig, prepare_study, run_job
     from autofuse.measure import TimingConfig
     from autofuse.search import PlanSpace
@@ -506,12 +509,15 @@ def test_a_plan_suggested_again_in_a_job_is_not_measured_again(tmp_path):
                     timing=quick, final_timing=quick, top_k=1, log_dir=str(tmp_path), mutation_rate=0.0)
     study = prepare_study(cfg)
     w = get_workload("ew_chain", True)
-    study.enqueue_trial(PlanSpace(w).params_of(w.reference_plan("default")), user_attrs={"label": "again"},
+    study.enqueue_trial(PlanSpace(w).params_of(w.reference_plan("default")), user_attrs=user_attrs,
                         skip_if_exists=False)
-    queued = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
-    cfg.trials = queued
-    run_job(cfg)
-    trials = optuna.load_study(study_name=cfg.study_name(), storage=cfg.db_url).trials
+    cfg.trials = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
+    result = run_job(cfg)
+    return cfg, result, optuna.load_study(study_name=cfg.study_name(), storage=cfg.db_url).trials
+
+
+def test_a_plan_suggested_again_in_a_job_is_not_measured_again(tmp_path):
+    cfg, _, trials = _job_with_the_default_plan_queued_again(tmp_path, {"label": "again"})
     by_label = {t.user_attrs.get("label"): t for t in trials}
     again, default = by_label["again"], by_label["default"]
     assert again.user_attrs["plan_hash"] == default.user_attrs["plan_hash"]
@@ -523,21 +529,8 @@ def test_a_plan_suggested_again_in_a_job_is_not_measured_again(tmp_path):
     assert measured == len(trials) - 1
 
 
-
 def test_the_samplers_suggestion_of_a_plan_measured_before_is_pruned_not_told_its_time(tmp_path):
-    from autofuse.job import JobConfig, prepare_study, run_job
-    from autofuse.measure import TimingConfig
-    from autofuse.search import PlanSpace
-
-    quick = TimingConfig(repeats=2, min_repeat_ms=1, warmup=1)
-    cfg = JobConfig(space="ew_chain", tiny=True, db_url=f"sqlite:///{tmp_path}/t.db", seed=0, warm_start=False,
-                    timing=quick, final_timing=quick, top_k=1, log_dir=str(tmp_path), mutation_rate=0.0)
-    study = prepare_study(cfg)
-    w = get_workload("ew_chain", True)
-    study.enqueue_trial(PlanSpace(w).params_of(w.reference_plan("default")), skip_if_exists=False)  # no label: "tuned"
-    cfg.trials = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
-    result = run_job(cfg)
-    trials = optuna.load_study(study_name=cfg.study_name(), storage=cfg.db_url).trials
+    _, result, trials = _job_with_the_default_plan_queued_again(tmp_path, None)  # no label: "tuned"
     default = next(t for t in trials if t.user_attrs.get("label") == "default")
     again = next(t for t in trials if t.user_attrs.get("label", "tuned") == "tuned")
     assert again.user_attrs["plan_hash"] == default.user_attrs["plan_hash"] and again.user_attrs.get("repeat")
