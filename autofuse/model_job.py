@@ -192,22 +192,22 @@ def tune_model(cfg: ModelTuneConfig, progress: Callable[[dict[str, Any]], None] 
                 store_result(db, st.w.hash, target, host, plan, label, res, kind="trial", study=study_name,
                              trial_number=done)
             if pruned_as_repeat(label, res):
-                st.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                finished = st.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             elif ok:
                 value = value_of(res)
-                st.study.tell(trial, value)
+                finished = st.study.tell(trial, value)
                 if st.best_ms is None or value < st.best_ms:
                     st.best_ms, st.best_plan = value, plan
                 if label == "default":
                     st.default_ms = value
             else:
-                st.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                finished = st.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             st.trials += 1
             done += 1
             if st.best_ms is not None:
                 st.history.append(st.best_ms)
             if mutation is not None and not st.queued:  # queued in the study, not a priority seed
-                mutation(st.study, None)
+                mutation(st.study, finished)
             info = {"trial": done, "budget": budget, "region": st.h, "region_index": states.index(st) + 1,
                     "regions": len(states), "instances": st.count, "label": label, "status": res["status"],
                     "ms": res.get("median_ms"), "region_best_ms": st.best_ms, "error": res.get("error"),

@@ -343,8 +343,7 @@ class LocalMutation:
         return self.models[study.study_name]
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial | None) -> None:
-        coin = self.rng.random()
-        if coin >= self.rate and not _sampler_repeated(trial):
+        if self.rng.random() >= self.rate and not _sampler_repeated(trial):
             return
         trials = study.get_trials(deepcopy=False)  # one storage read for all three checks below
         if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
