@@ -279,10 +279,11 @@ def runners_up(trials: list[optuna.trial.FrozenTrial], best: optuna.trial.Frozen
     """The ``k`` fastest plans after ``best``, one trial per plan."""
     done = sorted((t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None),
                   key=lambda t: (t.value, t.number))
+    best_plan = best.user_attrs.get("plan_hash", best.number)
     out: dict[Any, optuna.trial.FrozenTrial] = {}
     for t in done:
         plan = t.user_attrs.get("plan_hash", t.number)
-        if plan != best.user_attrs.get("plan_hash", best.number) and t.number != best.number:
+        if plan != best_plan:
             out.setdefault(plan, t)
             if len(out) == k:
                 break
@@ -381,7 +382,9 @@ class LocalMutation:
         """Plans not measured yet, one or two knobs away from one of ``parents`` each: up to
         ``POOL_SIZE`` for the cost model to choose from, one at random without it."""
         pool: list[dict[str, Any]] = []
-        for _ in range(2 * POOL_SIZE if ready else 8) if parents else ():  # a few tries for plans not measured yet
+        if not parents:
+            return pool
+        for _ in range(2 * POOL_SIZE if ready else 8):  # a few tries for plans not measured yet
             parent = parents[0] if len(parents) == 1 else self.rng.choice(parents)
             params = self.mutate(parent.params, parent.distributions)
             if params is None:
