@@ -448,15 +448,9 @@ def mutation_for(sampler: str, rate: float, seed: int | None, max_trials: int | 
 
 def make_sampler(name: str, seed: int | None, workers: int = 1) -> optuna.samplers.BaseSampler:
     """TPE (default), random, CMA-ES or GP. Categorical knobs: CMA-ES and GP fall back to
-    independent sampling for them, which Optuna warns about once; we silence that.
-
-    TPE with ``group=True``: a fused group's knobs exist only in the plans that fuse it, and
-    plain multivariate TPE samples every knob outside the params common to all trials one by
-    one, each with its own pass over the whole history; grouped, the knobs that occur
-    together are sampled jointly, in one pass per group.  Its ask took 296 ms instead of 627
-    at 8000 trials of layernorm_residual's space (NOTES 67)."""
+    independent sampling for them, which Optuna warns about once; we silence that."""
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=workers > 1,
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=workers > 1,
                                           n_startup_trials=10)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)

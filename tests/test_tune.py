@@ -771,33 +771,3 @@ def test_the_choice_of_a_shorter_job_is_its_final_over_the_plans_it_had_and_stor
     con.close()
     assert choice_of_shorter_job(cfg, [], job_wall_s=10.0) == (None, {"candidates": [], "rank_ms": {}, "rounds": 0,
                                                                    "slow_rounds": None})
-
-
-def test_tpe_samples_the_knobs_of_a_fused_group_together_once_it_has_seen_them(monkeypatch):
-    """A fused group's knobs exist only in the plans that fuse it.  Plain multivariate TPE
-    samples each such knob alone, one pass over the whole history per knob (8 per trial on
-    layernorm_residual); the job's TPE samples a group's knobs jointly once a finished trial
-    has them, so only a knob no finished trial had is sampled on its own."""
-    from autofuse.search import PlanSpace, make_sampler
-    from autofuse.workload import get_workload
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = PlanSpace(get_workload("layernorm_residual", True))
-    sampler = make_sampler("tpe", seed=0)
-    study = optuna.create_study(sampler=sampler)
-    alone: list[tuple[str, bool]] = []
-    real = type(sampler).sample_independent
-
-    def counted(self, study, trial, name, dist):
-        seen = any(name in t.params for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-        alone.append((name, seen))
-        return real(self, study, trial, name, dist)
-
-    monkeypatch.setattr(type(sampler), "sample_independent", counted)
-    for i in range(40):
-        t = study.ask()
-        plan, _ = space.suggest(t)
-        if i == 20:
-            alone.clear()  # past the random start-up trials
-        study.tell(t, float(len(plan.to_json()) % 97))
-    assert [name for name, seen in alone if seen] == []
