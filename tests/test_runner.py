@@ -460,6 +460,14 @@ def test_a_candidate_slower_than_the_cutoff_is_timed_once(cutoff_ms, repeats):
     assert res["repeats"] == repeats and len(res["samples_ms"]) == repeats and res["median_ms"] > 0
 
 
+def _time_tiny_default_plan(cutoff_ms: float) -> dict:
+    """ew_chain's tiny default plan timed in this process, 3 repeats, under ``cutoff_ms``."""
+    w = get_workload("ew_chain", True)
+    timing = {"repeats": 3, "min_repeat_ms": 1, "warmup": 1, "cutoff_ms": cutoff_ms}
+    return run_task({"space": "ew_chain", "tiny": True, "plan": w.reference_plan("default").to_json(),
+                     "target": "llvm", "timing": timing})
+
+
 def test_the_cutoff_check_times_the_kernels_not_the_copy_of_the_output(monkeypatch):
     """layernorm_residual's plans run in about 0.07 ms and write 3 MB, which copied into NumPy
     from fresh pages (``steady_allocations``, as in every worker) took 0.8 ms per call: with
@@ -476,10 +484,7 @@ def test_the_cutoff_check_times_the_kernels_not_the_copy_of_the_output(monkeypat
         return real_call(self, args)
 
     monkeypatch.setattr(measure.Session, "__call__", slow_copy)
-    w = get_workload("ew_chain", True)
-    timing = {"repeats": 3, "min_repeat_ms": 1, "warmup": 1, "cutoff_ms": 100.0}
-    res = run_task({"space": "ew_chain", "tiny": True, "plan": w.reference_plan("default").to_json(),
-                    "target": "llvm", "timing": timing})
+    res = _time_tiny_default_plan(cutoff_ms=100.0)
     assert res["status"] == OK and res["correct"]
     assert res["repeats"] == 3 and max(res["samples_ms"]) < 100.0, res["samples_ms"]
 
@@ -496,10 +501,7 @@ def test_one_slow_call_alone_does_not_cut_the_timing(monkeypatch):
         return 1e6 if len(calls) == 1 else calls[-1]
 
     monkeypatch.setattr(measure.Session, "_call_ms", first_call_slow)
-    w = get_workload("ew_chain", True)
-    timing = {"repeats": 3, "min_repeat_ms": 1, "warmup": 1, "cutoff_ms": 1000.0}
-    res = run_task({"space": "ew_chain", "tiny": True, "plan": w.reference_plan("default").to_json(),
-                    "target": "llvm", "timing": timing})
+    res = _time_tiny_default_plan(cutoff_ms=1000.0)
     assert res["status"] == OK and res["correct"]
     assert len(calls) == 2 and res["repeats"] == 3 and max(res["samples_ms"]) < 1000.0
 
