@@ -775,7 +775,7 @@ def test_the_choice_of_a_shorter_job_is_its_final_over_the_plans_it_had_and_stor
 
 def test_tpe_learns_from_the_best_and_the_latest_trials_of_a_long_study(monkeypatch):
     """Each TPE ask passes over the history it learns from, so an overnight job's asks would
-    grow slower hour by hour (627 ms at 8000 trials of layernorm_residual).  Past
+    grow slower hour by hour (0.6-1.1 s at 8000 trials of layernorm_residual).  Past
     TPE_HISTORY finished trials, the job's TPE sees the TPE_KEEP_BEST best and the latest."""
     import random
 
