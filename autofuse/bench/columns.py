@@ -397,7 +397,7 @@ def build_columns(w: Workload, target: Target, budget_s: float, out_dir: Path, p
                 try:
                     by_plan[h] = plan_runnable(f"plan {h}", plan_json, "search check", "")
                 except Exception as e:  # reported in the pair, never fatal
-                    by_plan[h] = _Runnable(Column(f"plan {h}", correct=False, error=f"{type(e).__name__}: {e}"),
+                    by_plan[h] = _Runnable(Column(f"plan {h}", correct=False, error=_error_line(e)),
                                            lambda *_: [], lambda: None, plan_hash=h)
             runs.append(by_plan[h])
         pairs.append(PlanPair(names, (runs[0], runs[1]), into))
