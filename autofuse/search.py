@@ -472,8 +472,9 @@ class BoundedTPE(optuna.samplers.BaseSampler):
     Every TPE ask rebuilds its estimators in Python passes over the whole history, one per
     knob outside the params all trials share: at 8000 trials of layernorm_residual's space an
     ask took 1121 ms (76 bounded), at 4000 of mobilenet_block's 1907 ms (375 bounded; NOTES
-    67), so an overnight job would slow down hour by hour.  TPE's own weights already fade its older trials; keeping the best
-    ones keeps its "good" set exact.  Running trials are kept for the constant liar."""
+    67), so an overnight job would slow down hour by hour.  TPE's own weights already fade
+    its older trials; keeping the best ones keeps its "good" set exact.  Running trials are
+    kept for the constant liar."""
 
     def __init__(self, history: int = TPE_HISTORY, keep_best: int = TPE_KEEP_BEST, **tpe_kwargs: Any):
         self._tpe = optuna.samplers.TPESampler(**tpe_kwargs)
