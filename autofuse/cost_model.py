@@ -28,7 +28,8 @@ import optuna
 
 MIN_TRIALS = 20  # measured trials (completed or timed out) before the model is fit at all
 MIN_COMPLETED = 5  # of which completed: the scale that timeouts are learned against
-REFIT_EVERY = 8  # new measured trials between refits (a new timeout refits at once)
+REFIT_EVERY = 8  # new measured trials between refits (a new timeout refits at once) ...
+REFIT_SHARE = 100  # ... or this share of those it was fit on, if more: a refit costs the whole study
 PRESCREEN_FACTOR = 8.0
 TIMEOUT_PENALTY = 10.0  # a timed-out candidate is learned as this many times the slowest completed one
 _LOG_SCALE = re.compile(r":(t\d+|r\d+|unroll|reduce_vector)$")
@@ -73,21 +74,25 @@ class CostModel:
                     x[r, col[name]] = _value(name, v)
         return x
 
-    def update(self, trials: list[optuna.trial.FrozenTrial]) -> bool:
-        """Refit when enough new trials arrived; True if the model is usable.
+    def update(self, done: list[optuna.trial.FrozenTrial], killed: list[optuna.trial.FrozenTrial]) -> bool:
+        """Refit when enough new trials arrived; True if the model is usable. ``done``: the
+        study's completed trials, ``killed``: those stopped at the time limit (``measured``
+        splits a list of trials; the mutation step keeps both up to date as trials finish).
 
         Candidates killed at the time limit are learned too, as ``TIMEOUT_PENALTY`` times the
         slowest completed plan (Ansor and MetaSchedule record failures as very slow): the
         sampler does not learn from failed trials and keeps suggesting their neighbours, each
         costing a full time limit, unless the pre-screen has learned to skip them. So a
         timeout counts toward the first fit, and each new one refits at once: a refit costs
-        milliseconds, another timeout costs the whole limit."""
-        done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value and t.value > 0]
-        killed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("status") == "timeout"]
+        a fraction of a second, another timeout costs the whole limit. Otherwise the model is
+        refit every ``REFIT_EVERY`` new trials, or every ``1/REFIT_SHARE`` of the trials it
+        was fit on once that is more, so that in a long job refits cost the same per trial
+        (on a 16000-trial mobilenet_block study a refit took 1.5 s, NOTES 68)."""
         seen = len(done) + len(killed)
         if len(done) < MIN_COMPLETED or seen < MIN_TRIALS:
             return self.ready
-        if self.ready and seen - self._fitted_on < REFIT_EVERY and len(killed) == self._killed_on:
+        due = max(REFIT_EVERY, self._fitted_on // REFIT_SHARE)
+        if self.ready and seen - self._fitted_on < due and len(killed) == self._killed_on:
             return True
         import xgboost as xgb
 
@@ -101,9 +106,21 @@ class CostModel:
         return True
 
     def predict_ms(self, params_list: list[dict[str, Any]]) -> np.ndarray:
-        import xgboost as xgb
+        return np.exp(self._booster.inplace_predict(self.encode(params_list)))
 
-        return np.exp(self._booster.predict(xgb.DMatrix(self.encode(params_list))))
+
+def _completed(t: optuna.trial.FrozenTrial) -> bool:
+    return t.state == optuna.trial.TrialState.COMPLETE and bool(t.value) and t.value > 0
+
+
+def _killed(t: optuna.trial.FrozenTrial) -> bool:
+    return t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("status") == "timeout"
+
+
+def measured(trials: list[optuna.trial.FrozenTrial]) -> tuple[list[optuna.trial.FrozenTrial], list[optuna.trial.FrozenTrial]]:
+    """The trials the model learns from (``CostModel.update``): those completed, and those
+    killed at the time limit."""
+    return [t for t in trials if _completed(t)], [t for t in trials if _killed(t)]
 
 
 def prescreen(model: CostModel | None, params: dict[str, Any], best_ms: float | None) -> float | None:

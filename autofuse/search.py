@@ -9,8 +9,11 @@ sampler learns which choice helps which kernel whatever the rest of the plan is.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
 import warnings
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -275,20 +278,82 @@ def parent_of(trials: list[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTria
     return min(tied, key=lambda t: (side_by_side_ratio(t), t.number))
 
 
-def runners_up(trials: list[optuna.trial.FrozenTrial], best: optuna.trial.FrozenTrial,
+def runners_up(ranked: Iterable[optuna.trial.FrozenTrial], best: optuna.trial.FrozenTrial,
                k: int) -> list[optuna.trial.FrozenTrial]:
-    """The ``k`` fastest plans after ``best``, one trial per plan."""
-    done = sorted((t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None),
-                  key=lambda t: (t.value, t.number))
+    """The ``k`` fastest plans after ``best``, one trial per plan, from completed trials
+    ``ranked`` fastest first (``_TrialIndex.ranked``): only as many are read as it takes."""
     best_plan = best.user_attrs.get("plan_hash", best.number)
     out: dict[Any, optuna.trial.FrozenTrial] = {}
-    for t in done:
+    for t in ranked:
         plan = t.user_attrs.get("plan_hash", t.number)
         if plan != best_plan:
             out.setdefault(plan, t)
             if len(out) == k:
                 break
     return list(out.values())
+
+
+class _TrialIndex:
+    """What the mutation step reads from a study's trials, kept up to date as trials finish,
+    so that a call costs the trials new since the last one rather than the whole study: the
+    parameters of every finished trial (plans measured or tried), the completed trials
+    ranked by value, and the trials the cost model learns from. Read anew on every call,
+    they made a mutation cost 1003 ms per trial on a 16000-trial mobilenet_block study, more
+    than measuring a candidate; 21 ms kept up (``benchmarks/mutation_overhead.py``, NOTES 68)."""
+
+    def __init__(self) -> None:
+        self.upto = 0  # trials[:upto] are finished and indexed
+        self._beyond: set[int] = set()  # finished trials past ``upto`` indexed already
+        self.finished_keys: set[tuple] = set()
+        self._ranked: list[tuple[float, int, optuna.trial.FrozenTrial]] = []
+        self.done: list[optuna.trial.FrozenTrial] = []  # what the cost model learns from (cost_model.measured)
+        self.killed: list[optuna.trial.FrozenTrial] = []
+
+    def update(self, trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+        """Index the trials finished since the last call; returns the unfinished ones (running
+        or waiting), whose parameters can still change."""
+        unfinished, new = [], []
+        for t in trials[self.upto:]:
+            if not t.state.is_finished():
+                unfinished.append(t)
+            elif t.number not in self._beyond:
+                self._beyond.add(t.number)
+                new.append(t)
+        while self.upto < len(trials) and trials[self.upto].state.is_finished():
+            self._beyond.discard(trials[self.upto].number)
+            self.upto += 1
+        ranked = [(t.value, t.number, t) for t in new if t.state == TrialState.COMPLETE and t.value is not None]
+        if len(ranked) > 64:  # a study read for the first time: one sort
+            self._ranked = sorted(self._ranked + ranked)
+        else:
+            for r in ranked:
+                bisect.insort(self._ranked, r)  # numbers differ: trials themselves are never compared
+        self.finished_keys.update(_key(t.params) for t in new)
+        done, killed = cost_model.measured(new)
+        self.done += done
+        self.killed += killed
+        return unfinished
+
+    def ranked(self) -> Iterator[optuna.trial.FrozenTrial]:
+        """Completed trials, fastest first (ties by trial number)."""
+        return (t for _, _, t in self._ranked)
+
+    def tied_with_best(self) -> list[optuna.trial.FrozenTrial]:
+        """The completed trials whose value ties the best's (``parent_of`` picks among them)."""
+        if not self._ranked:
+            return []
+        limit = self._ranked[0][0] * (1 + 1e-9)
+        return list(itertools.takewhile(lambda t: t.value <= limit, self.ranked()))
+
+
+class _Seen:
+    """Membership in either of two sets of parameter keys, without copying the large one."""
+
+    def __init__(self, finished: set[tuple], pending: set[tuple]):
+        self.finished, self.pending = finished, pending
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.finished or key in self.pending
 
 
 def _sampler_repeated(trial: optuna.trial.FrozenTrial | None) -> bool:
@@ -330,6 +395,7 @@ class LocalMutation:
         self.models: dict[str, cost_model.CostModel] = {}
         self.spaces: dict[str, PlanSpace] = {}  # by study name: completes mutated params (PlanSpace.complete)
         self._neighbours: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # by study: (parent's number, its sweep)
+        self._indexes: dict[str, _TrialIndex] = {}  # by study
 
     def use_space(self, study_name: str, space: PlanSpace) -> None:
         """Mutations in this study are completed by ``space`` before they are compared with
@@ -347,17 +413,19 @@ class LocalMutation:
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial | None) -> None:
         if self.rng.random() >= self.rate and not _sampler_repeated(trial):
             return
-        trials = study.get_trials(deepcopy=False)  # one storage read for all three checks below
-        if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
+        trials = study.get_trials(deepcopy=False)  # one storage read for all the checks below
+        index = self._indexes.setdefault(study.study_name, _TrialIndex())
+        unfinished = index.update(trials)
+        if any(t.state == TrialState.WAITING for t in unfinished):
             return  # baselines, seeds or an earlier mutation still queued
         if self.max_trials is not None and len(trials) >= self.max_trials:
             return
-        best = parent_of(trials)
+        best = parent_of(index.tied_with_best())
         if best is None:  # nothing completed yet
             return
         model = self.model_for(study)
-        ready = model is not None and model.update(trials)
-        seen = {_key(t.params) for t in trials}
+        ready = model is not None and model.update(index.done, index.killed)
+        seen = _Seen(index.finished_keys, {_key(t.params) for t in unfinished})
         space = self.spaces.get(study.study_name)
         pool: list[dict[str, Any]] = []
         sweep = ready and self.rng.random() < SWEEP
@@ -367,7 +435,7 @@ class LocalMutation:
         if not pool:
             pool = self._draw([best], seen, space, ready)
         if not pool:  # the best's near neighbourhood is spent: the next-best plans' (Ansor's population)
-            pool = self._draw(runners_up(trials, best, TOP_PARENTS), seen, space, ready)
+            pool = self._draw(runners_up(index.ranked(), best, TOP_PARENTS), seen, space, ready)
         if not pool:
             return
         attrs: dict[str, Any] = {"label": "mutation", **({"sweep": True} if sweep else {})}
@@ -378,7 +446,7 @@ class LocalMutation:
             choice, attrs["predicted_ms"] = pool[i], round(float(predicted[i]), 6)
         study.enqueue_trial(choice, user_attrs=attrs)
 
-    def _draw(self, parents: list[optuna.trial.FrozenTrial], seen: set[tuple], space: PlanSpace | None,
+    def _draw(self, parents: list[optuna.trial.FrozenTrial], seen: Container[tuple], space: PlanSpace | None,
               ready: bool) -> list[dict[str, Any]]:
         """Plans not measured yet, one or two knobs away from one of ``parents`` each: up to
         ``POOL_SIZE`` for the cost model to choose from, one at random without it."""

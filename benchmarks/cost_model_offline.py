@@ -37,7 +37,7 @@ def main() -> None:
             continue
         k = int(len(done) * args.train)
         model = CostModel()
-        model.update(done[:k])
+        model.update(done[:k], [])
         test = done[k:]
         predicted = model.predict_ms([t.params for t in test])
         actual = np.array([t.value for t in test])

@@ -7,7 +7,7 @@ import optuna
 import pytest
 
 from autofuse import cost_model
-from autofuse.cost_model import CostModel, prescreen
+from autofuse.cost_model import CostModel, measured, prescreen
 from autofuse.search import LocalMutation
 
 TILES = [1, 2, 4, 8, 16, 32, 64]
@@ -30,8 +30,8 @@ def _toy_study(n=40, seed=0):
 def test_fit_needs_enough_trials_then_ranks_plans():
     study = _toy_study()
     model = CostModel()
-    assert not model.update(study.trials[: cost_model.MIN_TRIALS - 1])
-    assert model.update(study.trials)
+    assert not model.update(*measured(study.trials[: cost_model.MIN_TRIALS - 1]))
+    assert model.update(*measured(study.trials))
     fast, mid, slow = ({"F:op:t0": 64, "F:op:vector": True, "F:op:unroll": 0},
                        {"F:op:t0": 8, "F:op:vector": True, "F:op:unroll": 0},
                        {"F:op:t0": 1, "F:op:vector": False, "F:op:unroll": 0})
@@ -60,11 +60,11 @@ def test_timed_out_candidates_are_learned_as_very_slow():
     hang = {"F:op:t0": 64, "F:fuse:a>b": True}
     best = min(t.value for t in study.trials if t.value is not None)
     model = CostModel()
-    assert model.update(study.trials)
+    assert model.update(*measured(study.trials))
     assert prescreen(model, hang, best_ms=best) is not None
     assert model.predict_ms([hang])[0] > 8 * model.predict_ms([{"F:op:t0": 64, "F:fuse:a>b": False}])[0]
     complete_only = CostModel()
-    complete_only.update([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
+    complete_only.update(*measured([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]))
     assert prescreen(complete_only, hang, best_ms=best) is None  # nothing to learn it from
 
 
@@ -95,25 +95,41 @@ def test_timeouts_count_toward_the_first_fit_and_each_new_one_refits():
     assert sum(i < first for i in done_at) < cost_model.MIN_TRIALS
     assert sum(i < first for i in done_at) >= cost_model.MIN_COMPLETED
     model = CostModel()
-    assert not model.update(trials[: first - 1])
-    assert model.update(trials[:first])
+    assert not model.update(*measured(trials[: first - 1]))
+    assert model.update(*measured(trials[:first]))
     booster = model._booster
     one_more_done = trials[:first] + [trials[min(i for i in done_at if i >= first)]]
-    model.update(one_more_done)  # one more completed trial: no refit yet
+    model.update(*measured(one_more_done))  # one more completed trial: no refit yet
     assert model._booster is booster
-    model.update(one_more_done + [trials[min(i for i in killed_at if i >= first)]])  # a new timeout: refit at once
+    model.update(*measured(one_more_done + [trials[min(i for i in killed_at if i >= first)]]))  # a new timeout: refit at once
     assert model._booster is not booster
-    assert not CostModel().update([trials[i] for i in killed_at])  # nothing completed to scale by
+    assert not CostModel().update(*measured([trials[i] for i in killed_at]))  # nothing completed to scale by
 
 
 def test_refit_waits_for_new_trials():
     study = _toy_study(n=cost_model.MIN_TRIALS + cost_model.REFIT_EVERY)
     model = CostModel()
-    model.update(study.trials[: cost_model.MIN_TRIALS])
+    model.update(*measured(study.trials[: cost_model.MIN_TRIALS]))
     booster = model._booster
-    model.update(study.trials[: cost_model.MIN_TRIALS + 1])
+    model.update(*measured(study.trials[: cost_model.MIN_TRIALS + 1]))
     assert model._booster is booster
-    model.update(study.trials)
+    model.update(*measured(study.trials))
+    assert model._booster is not booster
+
+
+def test_a_long_study_refits_after_a_share_of_its_trials_not_after_every_few():
+    """A refit reads every measured trial: at REFIT_EVERY new trials each, a long job paid
+    the whole study every few trials (1.5 s a refit on 16000 mobilenet_block trials, NOTES
+    68). Past REFIT_EVERY * REFIT_SHARE trials the model waits for 1/REFIT_SHARE new ones."""
+    fit_on = 2 * cost_model.REFIT_EVERY * cost_model.REFIT_SHARE
+    due = fit_on // cost_model.REFIT_SHARE
+    trials = _toy_study(n=fit_on + due).trials
+    model = CostModel()
+    model.update(*measured(trials[:fit_on]))
+    booster = model._booster
+    model.update(*measured(trials[:fit_on + due - 1]))
+    assert model._booster is booster
+    model.update(*measured(trials))
     assert model._booster is not booster
 
 
