@@ -22,6 +22,7 @@ import re
 import signal
 import statistics
 import time
+from collections.abc import Container
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -576,11 +577,12 @@ class FinalTiming:
             return None
         return math.sqrt(statistics.median(fast_runs) * statistics.median(slow_runs))
 
-    def beside(self, other: FinalTiming) -> list[tuple[float, float]]:
-        """(this plan's run, the other's) in each round both were timed in: side by side in a
-        round, both ran at the host's level of that round."""
+    def beside(self, other: FinalTiming, rounds: Container[int] | None = None) -> list[tuple[float, float]]:
+        """(this plan's run, the other's) in each round both were timed in (of ``rounds``, if
+        given): side by side in a round, both ran at the host's level of that round."""
         theirs = dict(zip(other.rounds, other.run_medians))
-        return [(m, theirs[r]) for r, m in zip(self.rounds, self.run_medians) if r in theirs]
+        return [(m, theirs[r]) for r, m in zip(self.rounds, self.run_medians)
+                if r in theirs and (rounds is None or r in rounds)]
 
     def ratio_to(self, other: FinalTiming) -> float | None:
         """The median of this plan's run over the other's in the rounds both ran (:meth:`beside`)."""
@@ -608,22 +610,20 @@ def final_rank_ms(timed: dict[str, FinalTiming], slow: set[int] | None) -> dict[
     """What a final ranks its timed plans by (lower is better): where it saw both speed
     levels (``slow``: :func:`final_levels`), each plan's :meth:`FinalTiming.level_ms` (a
     plan 1.4x slower in one level loses, whichever level the final saw most of), else its
-    :func:`runs_p75`.  A plan the final dropped early (:func:`narrowed`) is ranked at the
-    best kept plan's rank times its :meth:`FinalTiming.ratio_to` that plan (its few runs,
-    perhaps all in one level, are not comparable with the kept plans' own), and never ahead
-    of it: the final stopped timing it because it was behind."""
+    :func:`runs_p75`.  A plan the final dropped early (:func:`narrowed`), or one without runs
+    in both levels where the final saw both, is ranked at the best such plan's rank times
+    its :meth:`FinalTiming.ratio_to` that plan (its runs, perhaps all in one level, are not
+    comparable with that plan's own), and never ahead of it: the final stopped timing it
+    because it was behind, or has not seen it in one of the levels."""
     out = {}
     for h, t in timed.items():
-        if t.dropped:
-            continue
-        v = t.level_ms(slow) if slow is not None else None
-        v = v if v is not None else t.p75
+        v = None if t.dropped else t.level_ms(slow) if slow is not None else t.p75
         if v is not None:
             out[h] = v
     if out:
         best = min(out, key=out.__getitem__)
         for h, t in timed.items():
-            ratio = t.ratio_to(timed[best]) if t.dropped else None  # narrowed drops only plans without errors
+            ratio = t.ratio_to(timed[best]) if h not in out and t.error is None else None
             if ratio is not None:
                 out[h] = out[best] * max(ratio, DROPPED_BEHIND)
     return out
@@ -640,27 +640,48 @@ DROP_P = 0.125
 DROPPED_BEHIND = 1.001  # a dropped plan ranks at least this far behind the best kept one
 
 
-def clearly_behind(t: FinalTiming, leader: FinalTiming) -> bool:
-    """Whether plan ``t`` lost to ``leader`` in at least NARROW_AFTER of the rounds both ran,
-    and in so many of them that plans of one speed would with a chance of DROP_P at most."""
-    pairs = t.beside(leader)
+def _lost_clearly(pairs: list[tuple[float, float]]) -> bool:
+    """A sign test over (plan, leader) runs side by side: at least NARROW_AFTER of them, and
+    so few won that plans of one speed would win no more with a chance of DROP_P at most."""
     won = sum(m < lm for m, lm in pairs)
     chance = sum(math.comb(len(pairs), i) for i in range(won + 1)) / 2 ** len(pairs)
     return len(pairs) >= NARROW_AFTER and chance <= DROP_P
 
 
+def clearly_behind(t: FinalTiming, leader: FinalTiming, slow: set[int] | None = None) -> bool:
+    """Whether plan ``t`` lost to ``leader`` in so many of the rounds both ran that plans of
+    one speed would rarely (:func:`_lost_clearly`); where the final has seen both speed levels
+    (``slow``), in the rounds of each level: plans that tie in one level can be 1.6x apart in
+    the other (a mobilenet_block final dropped every plan in the fast level, then kept a
+    leader that ran 0.52 ms in the slow one, where the plan it had dropped at 3 minutes ran
+    0.36 ms, NOTES 68)."""
+    if slow is None:
+        return _lost_clearly(t.beside(leader))
+    fast = set(t.rounds) - slow
+    return _lost_clearly(t.beside(leader, fast)) and _lost_clearly(t.beside(leader, slow))
+
+
 def narrowed(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming], active: list[str]) -> list[str]:
-    """The ``active`` plans a final goes on timing: all but those :func:`clearly_behind` the
-    leader (by rank so far), which are marked dropped; never the level marker."""
-    rank = final_rank_ms({h: timed[h] for h in active}, final_levels(chosen, timed))
+    """The plans a final goes on timing: the ``active`` ones but those :func:`clearly_behind`
+    the leader (by rank so far), which are marked dropped, never the level marker; and once
+    the final has seen both speed levels, the dropped plans no longer clearly behind in both
+    of them (dropped in one level, they are timed in the other)."""
+    slow = final_levels(chosen, timed)
+    rank = final_rank_ms({h: timed[h] for h in active}, slow)
     if not rank:
         return active
     leader = min(rank, key=rank.__getitem__)
     marker = level_marker(chosen, timed)
-    for h in active:
-        if h not in (leader, marker) and timed[h].error is None and clearly_behind(timed[h], timed[leader]):
-            timed[h].dropped = True
-    return [h for h in active if not timed[h].dropped]
+    for h in chosen:
+        t = timed[h]
+        if h in (leader, marker) or t.error is not None:
+            continue
+        behind = clearly_behind(t, timed[leader], slow)
+        if h in active and behind:
+            t.dropped = True
+        elif t.dropped and slow is not None and not behind:
+            t.dropped = False
+    return [h for h in chosen if not timed[h].dropped]
 
 
 def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: float,
@@ -751,7 +772,7 @@ def final_remeasure(cfg: JobConfig, study: optuna.Study, job_wall_s: float = 0.0
                     "dropped": timed[h].dropped,
                     "slow_runs": None if slow is None else sum(r in slow for r in timed[h].rounds)})
     db.close()
-    out.sort(key=lambda r: (not r["correct"], r["rank_ms"] or 0.0))
+    out.sort(key=lambda r: (not r["correct"], math.inf if r["rank_ms"] is None else r["rank_ms"]))
     log.info("final re-measurement: %s", json.dumps(out))
     return out
 

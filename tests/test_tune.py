@@ -676,13 +676,18 @@ class _ScriptedRunner:
     def __exit__(self, *_a):
         return False
 
+    def slow_now(self) -> bool:
+        return self.slow_from is not None and self.marker_runs > self.slow_from
+
     def run(self, payload):
         time.sleep(0.005)
         self.fresh_builds.setdefault(payload["plan"], set()).add(payload["fresh_build"])
         if payload["plan"] == "U":
             self.marker_runs += 1
-            slow = self.slow_from is not None and self.marker_runs > self.slow_from
-            return {"status": "ok", "samples_ms": [0.6 if slow else 0.38]}
+            return {"status": "ok", "samples_ms": [0.6 if self.slow_now() else 0.38]}
+        if "/" in payload["plan"]:  # "0.32/0.54": the plan's time in the host's fast and slow level
+            fast, slow = payload["plan"].split("/")
+            return {"status": "ok", "samples_ms": [float(slow if self.slow_now() else fast)]}
         if payload["plan"][0].isdigit():  # "0.14,0.16": the plan's runs take these times in turn
             times = payload["plan"].split(",")
             self.runs[payload["plan"]] = self.runs.get(payload["plan"], -1) + 1
@@ -738,6 +743,30 @@ def test_a_final_drops_the_plans_clearly_behind_the_leader(monkeypatch):
     rank = final_rank_ms(timed, final_levels(chosen, timed))
     assert sorted(rank, key=rank.get) == ["a", "c", "b", "d", "far", "u", "farther"]
     assert rank["far"] == pytest.approx(2 * rank["a"])
+
+
+def test_a_plan_dropped_in_one_speed_level_is_timed_again_in_the_other(monkeypatch):
+    """Plans that tie in the host's fast level can be 1.6x apart in the slow one. A final
+    that dropped every plan 3% behind its leader in the fast level, then saw the slow level
+    with the leader alone, kept a leader 0.52 ms slow there against 0.36 for the plan it had
+    dropped (mobilenet_block, NOTES 68). Once the final has seen both levels, a dropped plan
+    is timed in the other level, and dropped again only if it is clearly behind in both."""
+    import autofuse.job as job
+    from autofuse.job import JobConfig, final_levels, final_rank_ms, time_final
+
+    cfg = JobConfig(space="ew_chain", tiny=True, final_rounds=20, progress=False)
+    chosen = {"u": ("U", "unfused"), "lead_fast": ("0.320/0.540", "tuned"),
+              "steady": ("0.330/0.380", "tuned"), "behind": ("0.400/0.700", "tuned")}
+    monkeypatch.setattr(job, "IsolatedRunner", _ScriptedRunner(slow_from=8))
+    timed = time_final(cfg, chosen, seconds=0.0)
+    slow = final_levels(chosen, timed)
+    assert slow is not None and len(slow) >= 8
+    assert timed["steady"].rounds[:3] == [0, 1, 2] and 3 not in timed["steady"].rounds  # dropped in the fast level
+    assert set(timed["steady"].rounds) & slow and not timed["steady"].dropped  # timed again in the slow one
+    assert timed["behind"].dropped and set(timed["behind"].rounds) & slow  # behind in both: dropped again
+    rank = final_rank_ms(timed, slow)
+    assert min(rank, key=rank.get) == "steady"
+    assert rank["steady"] == pytest.approx((0.330 * 0.380) ** 0.5)
 
 
 def test_a_final_links_its_contenders_anew_each_round_and_keeps_the_references_builds(monkeypatch):
