@@ -37,9 +37,12 @@ def test_tune_records_baselines_trials_and_final_measurements(tmp_path):
     assert out["best"]["median_ms"] > 0 and out["reference"]["unfused"] and out["reference"]["default"]
     assert {f["label"] for f in out["final"]} >= {"unfused", "default"}
     timed = [f for f in out["final"] if f["correct"]]
-    kept = [f for f in timed if not f["dropped"]]  # the plans a final went on timing (job.narrowed)
-    assert len({len(f["runs_ms"]) for f in kept}) == 1 and len(kept[0]["runs_ms"]) >= 8  # one per round
-    assert all(3 <= len(f["runs_ms"]) < len(kept[0]["runs_ms"]) for f in timed if f["dropped"])
+    (marker,) = [f for f in timed if f["label"] == "unfused"]  # never dropped (job.narrowed): one run per round
+    rounds = len(marker["runs_ms"])
+    assert rounds >= 8 and not marker["dropped"]
+    # a plan dropped, or dropped in one speed level and timed again in the other, missed rounds
+    assert all(3 <= len(f["runs_ms"]) <= rounds for f in timed)
+    assert all(len(f["runs_ms"]) < rounds for f in timed if f["dropped"])
     assert [f["rank_ms"] for f in timed] == sorted(f["rank_ms"] for f in timed)  # ranked by it
     assert out["best"]["plan_hash"] == timed[0]["plan_hash"]
     log = Path(out["log"])  # beside the database, not in a results/ folder of the working directory
