@@ -110,7 +110,7 @@ class CostModel:
 
 
 def _completed(t: optuna.trial.FrozenTrial) -> bool:
-    return t.state == optuna.trial.TrialState.COMPLETE and bool(t.value) and t.value > 0
+    return t.state == optuna.trial.TrialState.COMPLETE and t.value is not None and t.value > 0
 
 
 def _killed(t: optuna.trial.FrozenTrial) -> bool:
