@@ -614,12 +614,9 @@ class _IndependentSplit:
     the same plans (tests/test_tune.py checks it).  It reads TPE's private parts, which is why
     pyproject.toml pins Optuna's minor version."""
 
-    def __init__(self, tpe: optuna.samplers.TPESampler, view: Any,
-                 below: list[tuple[optuna.trial.FrozenTrial, dict[str, Any]]],
-                 above: list[tuple[optuna.trial.FrozenTrial, dict[str, Any]]]):
+    def __init__(self, tpe: optuna.samplers.TPESampler, below: list[dict[str, Any]], above: list[dict[str, Any]]):
         self._tpe = tpe
-        self._view = view
-        self._below = below
+        self._below = below  # the params of TPE's good trials, in trial order
         self._above = above
 
     @classmethod
@@ -637,19 +634,16 @@ class _IndependentSplit:
         n = sum(t.state != TrialState.RUNNING for t in trials)
         below, above = _tpe_sampler._split_trials(view, trials, gamma(n))
 
-        def with_params(part: list[optuna.trial.FrozenTrial]) -> list[tuple[optuna.trial.FrozenTrial, dict[str, Any]]]:
-            return [(t, tpe._get_params(t, view)) for t in part]
-
-        return cls(tpe, view, with_params(below), with_params(above))
+        return cls(tpe, [tpe._get_params(t, view) for t in below], [tpe._get_params(t, view) for t in above])
 
     def sample(self, name: str, distribution: Any) -> Any:
         tpe = self._tpe
         space = {name: distribution}
 
-        def estimator(part: list[tuple[optuna.trial.FrozenTrial, dict[str, Any]]]) -> Any:
+        def estimator(part: list[dict[str, Any]]) -> Any:
             # TPESampler._build_parzen_estimator of a single-objective study, with the knob's
             # values read from params fetched once per ask rather than once per knob.
-            seen = np.asarray([distribution.to_internal_repr(p[name]) for _, p in part if name in p])
+            seen = np.asarray([distribution.to_internal_repr(p[name]) for p in part if name in p])
             return tpe._parzen_estimator_cls({name: seen}, space, tpe._parzen_estimator_parameters)
 
         mpe_below, mpe_above = estimator(self._below), estimator(self._above)
