@@ -9,7 +9,7 @@ before anyone reads it back.  A job killed mid-trial loses only that trial's
 unsaved parameters: the trial itself is RUNNING in the database and the
 heartbeat marks it failed on resume, exactly as without batching.
 
-This leans on two private helpers of ``optuna.storages._rdb`` (pinned: optuna<6).
+This leans on two private helpers of ``optuna.storages._rdb`` (Optuna pinned in pyproject.toml).
 """
 
 from __future__ import annotations
