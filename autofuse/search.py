@@ -609,7 +609,7 @@ class _IndependentSplit:
     share, and multivariate TPE samples each of those by itself: about 90 per ask on
     mobilenet_block's space.  Optuna's TPE splits the whole history anew for each of them, the
     same split every time, then keeps the trials that have the knob: at 1000 trials an ask
-    took about 350 ms (NOTES 69).  This makes the split once per ask and samples each knob as
+    took 350-500 ms (NOTES 69).  This makes the split once per ask and samples each knob as
     TPESampler._sample does, through the same calls in the same order, so a seeded study draws
     the same plans (tests/test_tune.py checks it).  It reads TPE's private parts, which is why
     pyproject.toml pins Optuna's minor version."""
@@ -633,7 +633,6 @@ class _IndependentSplit:
         gamma = tpe._gamma if tpe._gamma is not None else _tpe_sampler.default_gamma
         n = sum(t.state != TrialState.RUNNING for t in trials)
         below, above = _tpe_sampler._split_trials(view, trials, gamma(n))
-
         return cls(tpe, [tpe._get_params(t, view) for t in below], [tpe._get_params(t, view) for t in above])
 
     def sample(self, name: str, distribution: Any) -> Any:

@@ -43,7 +43,7 @@ class BatchedRDBStorage(optuna.storages.RDBStorage):
         if not items:
             return
         # Without autoflush, each parameter's queries no longer first write the rows added
-        # before it: the rows go out together at commit (56 -> 12 ms for 100 params).
+        # before it: the rows go out together at commit (100 params on SQLite: 56 -> 24-30 ms).
         with _create_scoped_session(self.scoped_session) as session, session.no_autoflush:
             for name, value, dist, prev in items:
                 self._set_trial_param_without_commit(session, trial_id, name, value, dist, prev)
