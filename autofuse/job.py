@@ -661,11 +661,12 @@ def clearly_behind(t: FinalTiming, leader: FinalTiming, slow: set[int] | None = 
     return _lost_clearly(t.beside(leader, fast)) and _lost_clearly(t.beside(leader, slow))
 
 
-def narrowed(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming], active: list[str]) -> list[str]:
-    """The plans a final goes on timing: the ``active`` ones but those :func:`clearly_behind`
+def narrowed(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming]) -> list[str]:
+    """The plans a final goes on timing: those not dropped but those :func:`clearly_behind`
     the leader (by rank so far), which are marked dropped, never the level marker; and once
     the final has seen both speed levels, the dropped plans no longer clearly behind in both
     of them (dropped in one level, they are timed in the other)."""
+    active = [h for h in chosen if not timed[h].dropped]
     slow = final_levels(chosen, timed)
     rank = final_rank_ms({h: timed[h] for h in active}, slow)
     if not rank:
@@ -677,7 +678,7 @@ def narrowed(chosen: dict[str, tuple[str, str]], timed: dict[str, FinalTiming], 
         if h in (leader, marker) or t.error is not None:
             continue
         behind = clearly_behind(t, timed[leader], slow)
-        if h in active and behind:
+        if not t.dropped and behind:
             t.dropped = True
         elif t.dropped and slow is not None and not behind:
             t.dropped = False
@@ -708,7 +709,7 @@ def time_final(cfg: JobConfig, chosen: dict[str, tuple[str, str]], seconds: floa
 
         for k in round_numbers(cfg.final_rounds, until=start + seconds, more=waiting):
             if k >= NARROW_AFTER:
-                active = narrowed(chosen, timed, active)
+                active = narrowed(chosen, timed)
             for h in active if k % 2 == 0 else reversed(active):  # A B C, then C B A (runner.interleaved)
                 if all(t.error for t in timed.values()) or (stop is not None and stop.requested):
                     return timed
