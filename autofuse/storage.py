@@ -9,7 +9,8 @@ before anyone reads it back.  A job killed mid-trial loses only that trial's
 unsaved parameters: the trial itself is RUNNING in the database and the
 heartbeat marks it failed on resume, exactly as without batching.
 
-This leans on two private helpers of ``optuna.storages._rdb`` (Optuna pinned in pyproject.toml).
+This leans on private parts of ``optuna.storages._rdb``, its table models and session
+helper (Optuna pinned in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import threading
 from typing import Any, Sequence
 
 import optuna
-from optuna.distributions import BaseDistribution
+import sqlalchemy as sa
+from optuna.distributions import (BaseDistribution, check_distribution_compatibility, distribution_to_json,
+                                  json_to_distribution)
+from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import FrozenTrial, TrialState
 
@@ -38,15 +42,28 @@ class BatchedRDBStorage(optuna.storages.RDBStorage):
                 (param_name, param_value_internal, distribution, previous_distribution))
 
     def flush(self, trial_id: int) -> None:
+        """Write the trial's buffered parameters in one transaction: one lookup of the trial,
+        one query for the distributions Optuna's cache did not know, one multi-row insert.
+        The checks are Optuna's own per-parameter ones (the trial still running, each
+        distribution compatible with the study's earlier one of that name); Optuna's
+        per-parameter method repeats the lookup and queries for every parameter (34 ms for
+        mobilenet_block's ~110 params on SQLite)."""
         with self._pending_lock:
             items = self._pending.pop(trial_id, None)
         if not items:
             return
-        # Without autoflush, each parameter's queries no longer first write the rows added
-        # before it: the rows go out together at commit (100 params on SQLite: 56 -> 24-30 ms).
-        with _create_scoped_session(self.scoped_session) as session, session.no_autoflush:
+        with _create_scoped_session(self.scoped_session) as session:
+            trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+            self.check_trial_is_updatable(trial_id, trial.state)
+            stored = _stored_distributions(session, trial.study_id, [n for n, _, _, prev in items if prev is None])
+            rows = []
             for name, value, dist, prev in items:
-                self._set_trial_param_without_commit(session, trial_id, name, value, dist, prev)
+                earlier = prev if prev is not None else stored.get(name)
+                if earlier is not None:
+                    check_distribution_compatibility(earlier, dist)
+                rows.append({"trial_id": trial_id, "param_name": name, "param_value": value,
+                             "distribution_json": distribution_to_json(dist)})
+            session.execute(sa.insert(models.TrialParamModel), rows)
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         self.flush(trial_id)
@@ -55,6 +72,22 @@ class BatchedRDBStorage(optuna.storages.RDBStorage):
     def get_trial(self, trial_id: int) -> FrozenTrial:
         self.flush(trial_id)
         return super().get_trial(trial_id)
+
+
+def _stored_distributions(session: Any, study_id: int, names: list[str]) -> dict[str, BaseDistribution]:
+    """One stored distribution for each of ``names`` the study already has parameters of
+    (any one will do: Optuna keeps only compatible distributions under one name)."""
+    if not names:
+        return {}
+    param, trial = models.TrialParamModel, models.TrialModel
+    found: dict[str, BaseDistribution] = {}
+    for start in range(0, len(names), 500):  # stay under SQLite's bound-parameter limit
+        query = (sa.select(param.param_name, sa.func.min(param.distribution_json))
+                 .join(trial, param.trial_id == trial.trial_id)
+                 .where(trial.study_id == study_id, param.param_name.in_(names[start:start + 500]))
+                 .group_by(param.param_name))
+        found.update((name, json_to_distribution(text)) for name, text in session.execute(query))
+    return found
 
 
 def open_storage(db_url: str, heartbeat_s: int | None = None) -> BatchedRDBStorage:
@@ -103,8 +136,6 @@ def trial_scores(db_url: str, study_names: set[str]) -> dict[str, dict[int, floa
     ``study_names`` that are Optuna studies in this database.  Reads only: nothing when the
     database has no Optuna tables (opening Optuna's storage would create them), or Optuna
     cannot read them (another Optuna's schema): the caller falls back to the lone timings."""
-    import sqlalchemy as sa
-
     engine = sa.create_engine(db_url)
     try:
         if not sa.inspect(engine).has_table("studies"):
