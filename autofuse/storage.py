@@ -45,9 +45,9 @@ class BatchedRDBStorage(optuna.storages.RDBStorage):
         """Write the trial's buffered parameters in one transaction: one lookup of the trial,
         one query for the distributions Optuna's cache did not know, one multi-row insert.
         The checks are Optuna's own per-parameter ones (the trial still running, each
-        distribution compatible with the study's earlier one of that name); Optuna's
-        per-parameter method repeats the lookup and queries for every parameter (34 ms for
-        mobilenet_block's ~110 params on SQLite)."""
+        distribution compatible with the study's earlier one of that name).  Optuna's
+        per-parameter method repeats the lookup and the queries for every parameter: 100
+        params on SQLite took 25 ms through it, 4 ms here."""
         with self._pending_lock:
             items = self._pending.pop(trial_id, None)
         if not items:
