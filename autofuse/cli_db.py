@@ -41,12 +41,13 @@ def _fail(msg: str, code: int = 1) -> NoReturn:
 
 def _open_db(url: str):
     """Read-only, never creating; a missing or broken DB is a one-line exit 1."""
-    from autofuse.db import DBError, PlanDB
+    from autofuse.db import DBError, PlanDB, display_url
 
     try:
         return PlanDB(url, create=False, readonly=True)
     except DBError as e:
-        _fail(f"cannot open plan database {url}: {e}")
+        text = str(e)  # a server's connection error names the URL already
+        _fail(text if text.startswith("cannot connect to") else f"cannot open plan database {display_url(url)}: {text}")
 
 
 def _target_short(target: str | dict) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from autofuse.cli_db import db_url_callback
-from autofuse.db import DEFAULT_URL
+from autofuse.db import DEFAULT_URL, display_url
 
 __all__ = ["register"]
 
@@ -69,11 +69,11 @@ def register(group: click.Group) -> click.Group:
         onnx_ops = Counter(n.op_type for n in read_model(model_file).graph.node)
         rs = model_regions(w)
         out = {**info, "model": spec, "inputs": [t.as_dict() for t in w.space.activations],
-               "params": len(w.space.params), "onnx_ops": dict(onnx_ops), "regions_detail": rs.summary(), "db": db_url}
+               "params": len(w.space.params), "onnx_ops": dict(onnx_ops), "regions_detail": rs.summary(), "db": display_url(db_url)}
         text = (f"imported {w.name} ({w.hash}): inputs "
                 + ", ".join(f"{t.name}{list(t.shape)}" for t in w.space.activations)
                 + f", {len(w.space.params)} weights; {info['ops']} ops (weights folded), "
-                f"{info['regions']} regions, {info['distinct_regions']} distinct; registered in {db_url}\n"
+                f"{info['regions']} regions, {info['distinct_regions']} distinct; registered in {display_url(db_url)}\n"
                 f"ONNX ops: " + ", ".join(f"{k}×{v}" for k, v in sorted(onnx_ops.items())))
         _emit(as_json, out, text)
 

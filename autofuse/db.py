@@ -73,6 +73,7 @@ __all__ = [
     "LeaderRow",
     "MeasurementRow",
     "canonical_json",
+    "display_url",
     "utc_now_iso",
 ]
 
@@ -92,6 +93,14 @@ def sqlite_file(url: str | URL) -> str | None:
     if not db or db == ":memory:" or db.startswith("file:"):
         return None
     return db
+
+
+def display_url(url: str | URL) -> str:
+    """The URL to show a user: its password, if any, hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a URL that does not parse is shown as given
+        return str(url)
 
 
 def normalize_url(text: str) -> str:
@@ -461,7 +470,7 @@ class PlanDB:
             self._url: URL = make_url(url)
         except Exception as e:  # noqa: BLE001 - any parse error is a user error
             raise DBError(f"invalid database URL {url!r}: {e}") from None
-        self._display = self._url.render_as_string(hide_password=True)
+        self._display = display_url(self._url)
         self._is_sqlite = self._url.get_backend_name() == "sqlite"
         self._sqlite_path = sqlite_file(self._url)
 
@@ -474,6 +483,11 @@ class PlanDB:
         except DBError:
             self.close()
             raise
+        except sa_exc.OperationalError as e:
+            self.close()
+            if not self._is_sqlite:  # a server that is down, unreachable, or refuses us
+                raise DBError(f"cannot connect to {self._display}: {_short(e)}") from None
+            raise DBError(f"{self._display} is not a valid autofuse database: {_short(e)}") from None
         except sa_exc.DBAPIError as e:
             self.close()
             raise DBError(f"{self._display} is not a valid autofuse database: {_short(e)}") from None
@@ -542,7 +556,9 @@ class PlanDB:
             kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_S}
         try:
             engine = create_engine(self._url, **kwargs)
-        except Exception as e:  # missing driver etc.
+        except ImportError as e:
+            raise DBError(f"cannot open {self._display}: {_missing_driver(e)}") from None
+        except Exception as e:  # an unknown dialect etc.
             raise DBError(f"cannot open {self._display}: {_short(e)}") from None
         if self._is_sqlite:
             readonly = self.readonly
@@ -882,6 +898,12 @@ class PlanDB:
 # --------------------------------------------------------------------------- #
 # transaction bodies (module-level so they are easy to read and test)
 # --------------------------------------------------------------------------- #
+def _missing_driver(e: ImportError) -> str:
+    """What to install when SQLAlchemy cannot import a database's driver."""
+    hint = " (pip install 'autofuse[postgres]')" if "psycopg" in str(e.name or e) else ""
+    return f"its database driver is not installed: no module {e.name or str(e)!r}{hint}"
+
+
 def _short(e: BaseException | None) -> str:
     if e is None:
         return "unknown error"

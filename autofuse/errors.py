@@ -38,6 +38,8 @@ def storage_error(exc: BaseException) -> str | None:
         if isinstance(seen, (sa_exc.DBAPIError, sqlite3.Error)):
             orig = getattr(seen, "orig", None) or seen
             first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+            if not isinstance(orig, sqlite3.Error):  # a database server's driver (PostgreSQL)
+                return f"database error: {first}; check that the database server is running and reachable"
             return (f"database error: {first}; check that the disk is not full and the database file "
                     "and its directory are writable")
         seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)

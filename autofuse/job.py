@@ -30,7 +30,7 @@ from typing import Any
 import optuna
 
 import autofuse
-from autofuse.db import DEFAULT_URL, PlanDB, sqlite_file
+from autofuse.db import DEFAULT_URL, PlanDB, display_url, sqlite_file
 from autofuse.measure import TimingConfig
 from autofuse.plan import Plan
 from autofuse.cost_model import mark_prescreened, prescreen
@@ -338,7 +338,7 @@ def prepare_study(cfg: JobConfig) -> optuna.Study:
     name = cfg.study_name()
     exists = name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
     if cfg.resume and not exists:
-        raise JobError(f"--resume: no study named {name!r} in {cfg.db_url}")
+        raise JobError(f"--resume: no study named {name!r} in {display_url(cfg.db_url)}")
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
     if not exists:
         study.set_user_attr("workload", w.hash)

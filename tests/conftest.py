@@ -7,14 +7,10 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """One PostgreSQL server per test process; skipped only where no server binaries exist
-    (``.ci/run`` installs them); a server that is present but fails to start fails the test."""
-    from pg_server import PostgresServer
+    """One PostgreSQL server per test process (``pg_server.start_or_skip``)."""
+    from pg_server import start_or_skip
 
-    try:
-        server = PostgresServer()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+    server = start_or_skip()
     yield server
     server.stop()
 
