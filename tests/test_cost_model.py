@@ -3,6 +3,7 @@ keeps a job from building plans it predicts to be far slower than the best."""
 
 import sqlite3
 
+import numpy as np
 import optuna
 import pytest
 
@@ -224,3 +225,43 @@ def test_tiles_are_encoded_on_a_log_scale_and_flags_as_numbers(value, expected):
     model = CostModel()
     model.names = ["F:op:t1"]
     assert model.encode([{"F:op:t1": value}])[0, 0] == expected
+
+
+def test_a_refit_encodes_each_trial_once_and_reads_the_same_matrix_as_a_fresh_encoding(monkeypatch):
+    """Trials whose params differ by partition (names that appear later, params a trial
+    lacks): the kept encodings give exactly what encoding every trial anew gives, and a
+    trial's values are computed once across refits; another study's trial of the same
+    number is encoded anew."""
+    def objective(trial):
+        fused = trial.suggest_categorical("F:fuse:a>b", [False, True])
+        groups = ["ab"] if fused else ["a", "b"]
+        for g in groups:
+            trial.suggest_categorical(f"F:{g}:t0", TILES)
+            trial.suggest_categorical(f"F:{g}:layout", ["nchw", "nhwc"])
+        return 1.0 + trial.number % 7
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    study.optimize(objective, n_trials=60)
+    every = study.get_trials(deepcopy=False)  # the same objects on every read, as the job's index keeps them
+    calls = []
+    real_value = cost_model._value
+    monkeypatch.setattr(cost_model, "_value", lambda n, v: calls.append(n) or real_value(n, v))
+
+    def fresh_encoding(trials):
+        fresh = CostModel()
+        fresh.names = sorted({k for t in trials for k in t.params})
+        return fresh.names, fresh.encode([t.params for t in trials])
+
+    model = CostModel()
+    for n in (30, 45, 60):
+        x = model._encode_trials(every[:n])
+        names, expected = fresh_encoding(every[:n])
+        assert model.names == names
+        np.testing.assert_array_equal(x, expected)  # NaN where a trial lacks the param, in both
+    calls.clear()
+    model._encode_trials(every)
+    assert calls == []  # nothing computed again
+    other = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    other.optimize(objective, n_trials=30)
+    np.testing.assert_array_equal(model._encode_trials(other.get_trials(deepcopy=False)),
+                                  fresh_encoding(other.get_trials(deepcopy=False))[1])
