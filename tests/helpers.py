@@ -15,6 +15,17 @@ def cli(*args: str, env: dict | None = None, timeout: float = 300, cwd: str | No
                           env=full_env, timeout=timeout, cwd=cwd or ROOT)
 
 
+TINY_TUNE = ("--tiny", "--repeats", "2", "--min-repeat-ms", "1", "--top-k", "2")
+
+
+def spawn_tune(url: str, *args: str, space: str = "ew_chain", env: dict | None = None,
+               cwd: str | Path | None = None) -> subprocess.Popen:
+    """A tiny tuning job in the background (to kill, or beside another one), JSON on stdout."""
+    return subprocess.Popen([sys.executable, "-m", "autofuse", "tune", space, "--db", url, *TINY_TUNE, "--json", *args],
+                            cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TVM_NUM_THREADS": "2", **(env or {})}, start_new_session=True)
+
+
 def cli_json(*args: str, **kw) -> dict:
     r = cli(*args, "--json", **kw)
     assert r.returncode == 0, r.stderr

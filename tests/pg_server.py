@@ -27,7 +27,8 @@ def _bin_dir() -> Path | None:
     return Path(dirs[-1]) if dirs and (Path(dirs[-1]) / "pg_ctl").exists() else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (free when asked)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -47,7 +48,7 @@ class PostgresServer:
         if self._as:
             user = pwd.getpwnam("postgres")
             os.chown(self._dir, user.pw_uid, user.pw_gid)
-        self.port = _free_port()
+        self.port = free_port()
         data = self._dir / "data"
         self._run("initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
         # -F: no fsync (a test server); sockets only on 127.0.0.1 and in our own folder.

@@ -27,9 +27,8 @@ from typing import Any, Callable
 import optuna
 import pytest
 
-from helpers import ROOT, cli
+from helpers import ROOT, TINY_TUNE, cli, spawn_tune
 
-TINY_TUNE = ("--tiny", "--repeats", "2", "--min-repeat-ms", "1", "--top-k", "2")
 DONE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 COMPLETE = optuna.trial.TrialState.COMPLETE
 # an injected fault -> the statuses that record it correctly
@@ -65,12 +64,6 @@ def study_of(url: str, name: str | None = None) -> optuna.Study:
 
 def complete_values(url: str, name: str | None = None) -> dict[int, float]:
     return {t.number: t.value for t in study_of(url, name).get_trials(deepcopy=False) if t.state == COMPLETE}
-
-
-def spawn_tune(url: str, *args: str, space: str = "ew_chain", env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "autofuse", "tune", space, "--db", url, *TINY_TUNE, "--json", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**ENV, **(env or {})}, start_new_session=True)
 
 
 def measurement_count(url: str) -> int:

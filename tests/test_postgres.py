@@ -3,10 +3,7 @@ leaderboard and deployment, against a real server (the ``postgres_server`` fixtu
 one on 127.0.0.1)."""
 
 import json
-import os
-import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -15,17 +12,8 @@ import sqlalchemy as sa
 
 from autofuse import deploy
 from autofuse.workload import get_workload
-from helpers import assert_clean_error, cli, cli_json
-from pg_server import start_or_skip
-
-TINY = ("--tiny", "--repeats", "2", "--min-repeat-ms", "1", "--top-k", "2", "--json")
-
-
-def _job(url: str, *args: str, cwd) -> subprocess.Popen:
-    """One machine's tuning job (its own process, as on another host)."""
-    return subprocess.Popen([sys.executable, "-m", "autofuse", "tune", "ew_chain", "--db", url, *TINY, *args],
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TVM_NUM_THREADS": "2"})
+from helpers import assert_clean_error, cli, cli_json, spawn_tune
+from pg_server import free_port, start_or_skip
 
 
 def _study_exists(url: str) -> bool:
@@ -47,12 +35,12 @@ def _trials(url: str) -> list[optuna.trial.FrozenTrial]:
 
 def test_two_jobs_share_one_postgresql_study_and_deployment_runs_the_best_plan(postgres_server, tmp_path):
     url = postgres_server.new_database()
-    first = _job(url, "--trials", "16", cwd=tmp_path)
+    first = spawn_tune(url, "--trials", "16", cwd=tmp_path)
     t0 = time.time()
     while not _study_exists(url):  # the second machine joins once the study exists
         assert first.poll() is None and time.time() - t0 < 120, first.communicate()
         time.sleep(0.5)
-    second = _job(url, "--trials", "16", "--resume", cwd=tmp_path)
+    second = spawn_tune(url, "--trials", "16", "--resume", cwd=tmp_path)
     results = [p.communicate(timeout=300) for p in (first, second)]
     for proc, (out, err) in zip((first, second), results):
         assert proc.returncode == 0, err
@@ -79,9 +67,7 @@ def test_two_jobs_share_one_postgresql_study_and_deployment_runs_the_best_plan(p
 def test_a_missing_database_or_an_absent_server_is_a_one_line_error(postgres_server):
     r = cli("leaderboard", "--db", postgres_server.url("no_such_database"))
     assert_clean_error(r, 1, "cannot connect to", "no_such_database")
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        nobody = s.getsockname()[1]
+    nobody = free_port()  # a port nobody listens on
     for command in (("tune", "ew_chain", "--tiny", "--trials", "2"), ("leaderboard",)):
         r = cli(*command, "--db", f"postgresql://postgres:s3cret@127.0.0.1:{nobody}/x")
         assert_clean_error(r, 1, "cannot connect to", str(nobody))
@@ -97,7 +83,7 @@ def test_a_job_whose_database_server_goes_away_stops_with_a_one_line_error(tmp_p
     server, job = start_or_skip(), None
     try:
         url = server.new_database()
-        job = _job(url, "--trials", "500", cwd=tmp_path)
+        job = spawn_tune(url, "--trials", "500", cwd=tmp_path)
         t0 = time.time()
         while not _study_exists(url) or sum(t.state == optuna.trial.TrialState.COMPLETE for t in _trials(url)) < 3:
             assert job.poll() is None and time.time() - t0 < 180, job.communicate()
