@@ -483,13 +483,10 @@ class PlanDB:
         except DBError:
             self.close()
             raise
-        except sa_exc.OperationalError as e:
-            self.close()
-            if not self._is_sqlite:  # a server that is down, unreachable, or refuses us
-                raise DBError(f"cannot connect to {self._display}: {_short(e)}") from None
-            raise DBError(f"{self._display} is not a valid autofuse database: {_short(e)}") from None
         except sa_exc.DBAPIError as e:
             self.close()
+            if not self._is_sqlite and isinstance(e, sa_exc.OperationalError):  # a server down, unreachable, or refusing us
+                raise DBError(f"cannot connect to {self._display}: {_short(e)}") from None
             raise DBError(f"{self._display} is not a valid autofuse database: {_short(e)}") from None
         except Exception as e:
             self.close()
